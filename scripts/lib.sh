@@ -1,0 +1,61 @@
+# Shared shell helpers for scripts/*.sh. Source it; it defines functions only.
+# shellcheck shell=bash
+
+log() { printf '\033[1m[gpufleet]\033[0m %s\n' "$*" >&2; }
+die() { printf '[gpufleet] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# Debian mirror this machine already uses (the only one reachable here).
+debian_mirror() {
+  local m
+  m=$(grep -hoE '^(URIs:|deb) *\[?[^ ]*\]? *https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null \
+      | grep -oE 'https?://[^ ]+' | grep -v security | head -n1 || true)
+  echo "${m:-http://deb.debian.org/debian}"
+}
+
+# Start the Docker engine when it does not answer (CI machines have no init system).
+start_dockerd() {
+  if docker info >/dev/null 2>&1; then return 0; fi
+  command -v dockerd >/dev/null || die "dockerd not installed: run scripts/setup.sh"
+  log "docker: starting dockerd (log: /var/log/gpufleet-dockerd.log)"
+  setsid nohup dockerd >/var/log/gpufleet-dockerd.log 2>&1 < /dev/null &
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  tail -n 20 /var/log/gpufleet-dockerd.log >&2 || true
+  die "dockerd did not answer within 60 s"
+}
+
+# Content hash of files/dirs (paths relative to the repo root), 16 hex chars.
+content_hash() {
+  ( cd "$ROOT" && find "$@" -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum ) | sha256sum | cut -c1-16
+}
+
+image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
+
+# Base image for the lab hosts and Molecule: Debian 12 with systemd and python3, built
+# offline with debootstrap (no registry is reachable). Tagged by the hash of its recipe,
+# so it is rebuilt only when the recipe changes.
+BASE_IMAGE_PACKAGES="python3,python3-apt,ca-certificates,systemd,systemd-sysv,dbus,iproute2,procps,kmod,gnupg,curl,sudo,less"
+BASE_IMAGE=gpufleet/debian:12
+build_base_image() {
+  local hash tag rootfs mirror
+  hash=$( { echo "$BASE_IMAGE_PACKAGES"; cat "$ROOT/lab/base/setup-rootfs.sh"; } | sha256sum | cut -c1-12)
+  tag="$BASE_IMAGE-$hash"
+  if image_exists "$tag"; then
+    docker tag "$tag" "$BASE_IMAGE"
+    return 0
+  fi
+  mirror=$(debian_mirror)
+  rootfs=$(mktemp -d /var/tmp/gpufleet-rootfs.XXXXXX)
+  log "image: debootstrap Debian 12 into $rootfs from $mirror (about a minute)"
+  debootstrap --variant=minbase --include="$BASE_IMAGE_PACKAGES" bookworm "$rootfs" "$mirror" >/var/log/gpufleet-debootstrap.log 2>&1 \
+    || { tail -n 20 /var/log/gpufleet-debootstrap.log >&2; die "debootstrap failed"; }
+  bash "$ROOT/lab/base/setup-rootfs.sh" "$rootfs" "$mirror"
+  tar -C "$rootfs" -c . | docker import \
+    -c 'CMD ["/lib/systemd/systemd"]' -c 'STOPSIGNAL SIGRTMIN+3' -c 'ENV container=docker' \
+    -c "LABEL org.gpufleet.recipe=$hash" - "$tag" >/dev/null
+  rm -rf "$rootfs"
+  docker tag "$tag" "$BASE_IMAGE"
+  log "image: built $tag"
+}

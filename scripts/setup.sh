@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Prepare this machine (Debian 12 / Ubuntu, as root) for gpufleet's lab and tests.
+# Idempotent: every step checks before it acts, so a second run takes seconds.
+#
+#   scripts/setup.sh            apt packages, Docker engine, .venv, offline base image
+#   scripts/setup.sh venv       only the Python virtualenv
+#
+# Nothing here reaches anything but Debian's mirror and PyPI.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+
+APT_PACKAGES=(docker.io debootstrap apt-utils dpkg-dev git git-lfs nginx-light python3-venv curl)
+
+setup_apt() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    log "apt: installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+setup_venv() {
+  # Rebuilt only when requirements.txt changes (its hash is stamped in the venv).
+  local want have=""
+  want=$(sha256sum requirements.txt | cut -c1-16)
+  [[ -f .venv/.requirements-hash ]] && have=$(cat .venv/.requirements-hash)
+  if [[ "$want" != "$have" || ! -x .venv/bin/ansible-playbook ]]; then
+    log "venv: installing requirements.txt into .venv/"
+    python3 -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+    echo "$want" > .venv/.requirements-hash
+  fi
+}
+
+case "${1:-all}" in
+  venv) setup_venv ;;
+  all)
+    setup_apt
+    start_dockerd
+    setup_venv
+    build_base_image
+    ;;
+  *) die "usage: scripts/setup.sh [all|venv]" ;;
+esac
