@@ -1,0 +1,195 @@
+#!/usr/bin/python
+"""Ansible module hf_model: verified, resumable model fetch from a Hugging Face mirror."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: hf_model
+short_description: Fetch a Hugging Face model repo with every byte verified against the hub's hashes
+description:
+  - Resolves O(revision) to a commit, lists the repo's files with their hashes from the hub
+    API (C(/api/models/REPO/tree/COMMIT?recursive=true), paginated), and downloads the
+    missing ones in parallel from C(ENDPOINT/REPO/resolve/COMMIT/PATH).
+  - Every byte is hashed while it streams in (sha256 for LFS files, git blob sha1 for the
+    others); a file gets its final name only after its hash matched the listing.
+  - Partial files are kept in C(DEST/.gpufleet/incomplete/) and resumed with HTTP Range
+    on the next attempt or run. Mirrors that ignore Range restart that file; LFS
+    redirects are followed.
+  - A file that fails verification is moved to C(DEST/.gpufleet/quarantine/) and fetched
+    once more; if it fails again the task fails naming the file and both hashes.
+  - Retries with backoff on 5xx, 429 (honouring Retry-After), dropped and stalled
+    connections.
+  - Refuses to start, before writing anything, when O(dest) lacks the space the listing
+    needs plus a margin (1% + 64 MiB).
+  - Writes C(DEST/.gpufleet/manifest.json) (commit, files, sizes, hashes, mtimes,
+    verification time; never the token) and, while it runs,
+    C(DEST/.gpufleet/progress.json) (files and bytes done) for callers polling an async task.
+options:
+  repo_id:
+    description: Repo id on the hub, C(org/name).
+    type: str
+    required: true
+  revision:
+    description: Branch, tag or commit sha. The resolved commit sha is returned and recorded.
+    type: str
+    default: main
+  dest:
+    description: Folder that receives the files (created if missing).
+    type: path
+    required: true
+  endpoint:
+    description:
+      - Base URL of the hub or mirror.
+      - Defaults to the E(HF_ENDPOINT) environment variable of the target, else
+        U(https://huggingface.co).
+    type: str
+  token:
+    description:
+      - Hub access token (Bearer). Defaults to E(HF_TOKEN) of the target. Never logged nor
+        written to the manifest.
+    type: str
+  allow_patterns:
+    description: Only files matching one of these fnmatch patterns (C(dir/) means C(dir/*)).
+    type: list
+    elements: str
+  ignore_patterns:
+    description: Skip files matching one of these fnmatch patterns.
+    type: list
+    elements: str
+  max_workers:
+    description: Files downloaded or hashed in parallel.
+    type: int
+    default: 8
+  verify:
+    description:
+      - C(full) re-hashes every file already in O(dest).
+      - C(manifest) trusts a file recorded in the verified manifest when its hash equals the
+        listing and its size and mtime are unchanged (a re-run costs seconds); other files
+        are hashed.
+    type: str
+    choices: [full, manifest]
+    default: manifest
+  timeout:
+    description: Seconds to wait to connect and between bytes before a connection counts as stalled.
+    type: float
+    default: 30
+  retries:
+    description:
+      - Failed attempts per request before giving up. An attempt that brought new bytes
+        resets the count of a file.
+    type: int
+    default: 5
+attributes:
+  check_mode:
+    support: full
+    details: Lists the files and reports which would be downloaded or hashed; writes nothing.
+  diff_mode:
+    support: none
+author:
+  - gpufleet
+"""
+
+EXAMPLES = r"""
+- name: Fetch Qwen through the company mirror, verified
+  hf_model:
+    repo_id: Qwen/Qwen2.5-7B-Instruct
+    revision: main
+    dest: /srv/models/Qwen2.5-7B-Instruct
+    endpoint: https://hf-mirror.example.com
+    token: "{{ vault_hf_token }}"
+    ignore_patterns: ["*.pth", "original/"]
+    max_workers: 8
+  async: 86400
+  poll: 30
+
+- name: Re-check everything byte by byte
+  hf_model:
+    repo_id: Qwen/Qwen2.5-7B-Instruct
+    dest: /srv/models/Qwen2.5-7B-Instruct
+    verify: full
+"""
+
+RETURN = r"""
+changed:
+  description: True when a file was downloaded or replaced, or the manifest changed.
+  returned: always
+  type: bool
+commit:
+  description: The commit sha the revision resolved to.
+  returned: success
+  type: str
+  sample: 0f3f8b2ac1d5e6b7a8c9d0e1f2a3b4c5d6e7f809
+files:
+  description: >-
+    The listed files: path, size, algorithm (sha256 or sha1), digest and status
+    (downloaded, verified, trusted; in check mode would_download, would_verify, trusted).
+  returned: success
+  type: list
+  elements: dict
+bytes_downloaded:
+  description: Bytes received from the mirror in this run.
+  returned: success
+  type: int
+bytes_verified:
+  description: Bytes hashed in this run (downloaded, resumed or already on disk).
+  returned: success
+  type: int
+bytes_to_download:
+  description: Bytes missing before this run (what check mode would fetch).
+  returned: success
+  type: int
+quarantined:
+  description: Files whose bytes failed verification, with expected and received hashes.
+  returned: success
+  type: list
+  elements: dict
+manifest:
+  description: Path of the manifest written in dest.
+  returned: success
+  type: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError, sync_repo
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            repo_id=dict(type="str", required=True),
+            revision=dict(type="str", default="main"),
+            dest=dict(type="path", required=True),
+            endpoint=dict(type="str"),
+            token=dict(type="str", no_log=True),
+            allow_patterns=dict(type="list", elements="str"),
+            ignore_patterns=dict(type="list", elements="str"),
+            max_workers=dict(type="int", default=8),
+            verify=dict(type="str", choices=["full", "manifest"], default="manifest"),
+            timeout=dict(type="float", default=30),
+            retries=dict(type="int", default=5),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    token = p["token"] or os.environ.get("HF_TOKEN") or None
+    if token:
+        module.no_log_values.add(token)
+    endpoint = p["endpoint"] or os.environ.get("HF_ENDPOINT") or PUBLIC_ENDPOINT
+    if p["timeout"] <= 0 or p["retries"] < 0:
+        module.fail_json(msg="timeout must be > 0 and retries >= 0.")
+    try:
+        client = HubClient(endpoint, token=token, timeout=p["timeout"], retries=p["retries"])
+        result = sync_repo(client, p["repo_id"], p["revision"], p["dest"],
+                           allow_patterns=p["allow_patterns"],
+                           ignore_patterns=p["ignore_patterns"], verify=p["verify"],
+                           max_workers=p["max_workers"], check_mode=module.check_mode)
+    except HubError as exc:
+        partial = getattr(exc, "result", {})
+        module.fail_json(msg=str(exc), **partial)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
