@@ -1,0 +1,253 @@
+#!/usr/bin/python
+"""Ansible module cuda_compat: can this host's driver and GPUs run a CUDA image?"""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: cuda_compat
+short_description: Decide whether a host can run a CUDA container image
+description:
+  - Compares the host's NVIDIA driver and GPU compute capabilities with what a CUDA image
+    needs, and says whether it runs natively, under CUDA minor-version compatibility,
+    under forward compatibility (data-center GPUs only), or not at all.
+  - Evaluates the image's C(NVIDIA_REQUIRE_CUDA) exactly as nvidia-container-cli does
+    (space-separated alternatives, comma-separated conditions on cuda, driver, arch and
+    brand). That check runs before the container starts, so its verdict dominates.
+  - Checks the GPU architecture against the CUDA version (CUDA 13 dropped Maxwell, Pascal
+    and Volta), the driver branch (R580 is the last for them) and the image's kernel list.
+  - Changes nothing on the host; C(changed) is always false.
+options:
+  driver_version:
+    description: Host driver version as printed by nvidia-smi, for example C(535.129.03).
+    type: str
+    required: true
+  compute_capabilities:
+    description: Compute capabilities of the GPUs the container will use, for example C(["9.0"]).
+    type: list
+    elements: str
+    default: []
+  cuda_version:
+    description: CUDA version the image is built for, for example C(13.0).
+    type: str
+  require_cuda:
+    description: The image's C(NVIDIA_REQUIRE_CUDA) value.
+    type: str
+  image:
+    description:
+      - A local image (name:tag or ID). The module reads C(NVIDIA_REQUIRE_*),
+        C(NVIDIA_DISABLE_REQUIRE), C(CUDA_VERSION) and C(TORCH_CUDA_ARCH_LIST) from its
+        config through the docker SDK. The image must already be present.
+    type: str
+  image_arch_list:
+    description:
+      - Architectures the image's kernels are built for, in C(TORCH_CUDA_ARCH_LIST) form
+        (C(7.5 8.0 8.6 8.9 9.0 10.0 12.0+PTX)). Overrides the list read from O(image).
+    type: str
+  datacenter_gpu:
+    description: The GPUs are data-center parts (Tesla/A100/H100/L40S...); forward compatibility needs them.
+    type: bool
+    default: false
+  brand:
+    description:
+      - GPU brand as nvidia-container-cli reports it (quadro, tesla, nvs, grid, geforce,
+        titan, unknown; A100/H100/L40S report unknown). Default tesla when
+        O(datacenter_gpu) is true, geforce otherwise.
+    type: str
+  allow_forward_compat:
+    description: Accept forward compatibility (cuda-compat libraries, C(VLLM_ENABLE_CUDA_COMPATIBILITY=1)) as compatible.
+    type: bool
+    default: false
+  fail_on_incompatible:
+    description: Fail the task when the verdict is incompatible.
+    type: bool
+    default: true
+notes:
+  - Exactly one of O(cuda_version), O(require_cuda) or O(image) is required.
+  - Tables (driver per CUDA release, minor-version floors, driver branches, architecture
+    support) live in module_utils/gpufleet/cuda.py with their sources.
+attributes:
+  check_mode:
+    support: full
+    description: The module only reads; it behaves the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing changes, so there is nothing to diff.
+requirements:
+  - docker (Python SDK) when O(image) is used
+author:
+  - gpufleet
+"""
+
+EXAMPLES = r"""
+- name: Can this host run the CUDA 13 vLLM image?
+  cuda_compat:
+    driver_version: "{{ ansible_facts.gpu.driver_version }}"
+    compute_capabilities: "{{ ansible_facts.gpu.devices | map(attribute='compute_capability') | list }}"
+    image: vllm/vllm-openai:v0.23.0
+    datacenter_gpu: true
+
+- name: Plan before pulling, from the image's NVIDIA_REQUIRE_CUDA
+  cuda_compat:
+    driver_version: 535.129.03
+    compute_capabilities: ["9.0"]
+    require_cuda: "cuda>=12.8 brand=tesla,driver>=535,driver<536"
+    datacenter_gpu: true
+    fail_on_incompatible: false
+  register: __vllm_cuda
+
+- name: Plain CUDA version check
+  cuda_compat:
+    driver_version: 570.133.20
+    cuda_version: "12.9"
+"""
+
+RETURN = r"""
+compatible:
+  description: Whether the image can run on this host (mode is not incompatible).
+  type: bool
+  returned: always
+  sample: false
+mode:
+  description: native, minor_version, forward_compat or incompatible.
+  type: str
+  returned: always
+  sample: incompatible
+required_cuda:
+  description: CUDA version the image needs; null when nothing names one.
+  type: str
+  returned: always
+  sample: "13.0"
+driver_cuda:
+  description: Newest CUDA version the host driver supports (what nvidia-smi shows).
+  type: str
+  returned: always
+  sample: "12.2"
+driver_branch:
+  description: Driver branch (major version).
+  type: int
+  returned: always
+  sample: 535
+min_driver:
+  description: Minimum driver for the full feature set of required_cuda (NVIDIA release notes).
+  type: str
+  returned: always
+  sample: 580.65.06
+require_cuda_satisfied:
+  description: Whether nvidia-container-cli accepts the image's requirements; null when none were given.
+  type: bool
+  returned: always
+unsatisfied_condition:
+  description: nvidia-container-cli's message when it refuses the image.
+  type: str
+  returned: always
+  sample: "unsatisfied condition: cuda>=12.8, please update your driver to a newer version, or use an earlier cuda container"
+image_requirements:
+  description: What was read from the image (requirements, disabled, cuda_version, arch_list).
+  type: dict
+  returned: when image is given
+reasons:
+  description: Plain sentences explaining the verdict.
+  type: list
+  elements: str
+  returned: always
+suggestions:
+  description: Concrete fixes (image, driver branch, forward compatibility).
+  type: list
+  elements: str
+  returned: always
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet.cuda import check, image_requirements
+
+try:
+    import docker
+    from docker import errors as docker_errors
+    HAS_DOCKER = True
+except ImportError:  # pragma: no cover - the venv has it
+    docker = docker_errors = None
+    HAS_DOCKER = False
+
+
+def read_image_config(image, client=None):
+    """(Config.Env, Config.Labels) of a local image; ValueError when it is absent."""
+    client = client or docker.from_env()
+    try:
+        img = client.images.get(image)
+    except docker_errors.ImageNotFound:
+        raise ValueError(f"image {image} is not present on this host; pull it first or pass "
+                         "require_cuda") from None
+    config = (img.attrs or {}).get("Config") or {}
+    return config.get("Env") or [], config.get("Labels") or {}
+
+
+def run(params, docker_client=None):
+    """Module logic without AnsibleModule: params dict in, result dict out."""
+    extra = {}
+    require, cuda_version, arch_list = params.get("require_cuda"), params.get("cuda_version"), None
+    if params.get("image"):
+        env, labels = read_image_config(params["image"], docker_client)
+        info = image_requirements(env, labels)
+        extra["image_requirements"] = info
+        require, cuda_version, arch_list = info["requirements"], info["cuda_version"], info["arch_list"]
+    result = check(
+        params["driver_version"],
+        compute_capabilities=params.get("compute_capabilities") or [],
+        cuda_version=cuda_version,
+        require_cuda=require,
+        image_arch_list=params.get("image_arch_list") or arch_list,
+        datacenter_gpu=params.get("datacenter_gpu", False),
+        allow_forward_compat=params.get("allow_forward_compat", False),
+        brand=params.get("brand"),
+    )
+    if extra.get("image_requirements", {}).get("disabled"):
+        result["reasons"].insert(0, "The image sets NVIDIA_DISABLE_REQUIRE: the container "
+                                    "toolkit skips its requirement check.")
+    result.update(extra)
+    return result
+
+
+def failure_message(result, driver_version):
+    fix = " ".join(result["suggestions"]) or "see reasons"
+    return (f"host cannot run this image: driver {driver_version} supports CUDA "
+            f"{result['driver_cuda']}, the image requires CUDA {result['required_cuda'] or 'n/a'}. "
+            f"{result['reasons'][0]} Fix: {fix}")
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            driver_version=dict(type="str", required=True),
+            compute_capabilities=dict(type="list", elements="str", default=[]),
+            cuda_version=dict(type="str"),
+            require_cuda=dict(type="str"),
+            image=dict(type="str"),
+            image_arch_list=dict(type="str"),
+            datacenter_gpu=dict(type="bool", default=False),
+            brand=dict(type="str"),
+            allow_forward_compat=dict(type="bool", default=False),
+            fail_on_incompatible=dict(type="bool", default=True),
+        ),
+        mutually_exclusive=[("cuda_version", "require_cuda", "image")],
+        required_one_of=[("cuda_version", "require_cuda", "image")],
+        supports_check_mode=True,
+    )
+    if module.params["image"] and not HAS_DOCKER:
+        module.fail_json(msg=missing_required_lib("docker"))
+    try:
+        result = run(module.params)
+    except ValueError as exc:
+        module.fail_json(msg=str(exc), changed=False)
+    except Exception as exc:  # docker daemon unreachable, API errors
+        if HAS_DOCKER and isinstance(exc, docker_errors.DockerException):
+            module.fail_json(msg=f"cannot read image {module.params['image']} through docker: {exc}",
+                             changed=False)
+        raise
+    if not result["compatible"] and module.params["fail_on_incompatible"]:
+        module.fail_json(msg=failure_message(result, module.params["driver_version"]),
+                         changed=False, **result)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

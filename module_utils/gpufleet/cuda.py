@@ -1,0 +1,772 @@
+"""Can this host run that CUDA image?  Driver, CUDA and GPU-architecture compatibility.
+
+Plain data in, plain data out; no Ansible imports.  Errors are ``ValueError`` with a
+message that says what was wrong and what to pass instead.
+
+Two independent gates decide whether a CUDA container works on a host:
+
+1. **The container toolkit's requirement check.**  Before the container starts,
+   ``nvidia-container-cli configure --require=EXPR`` evaluates every ``NVIDIA_REQUIRE_*``
+   variable of the image against the host driver and refuses to start the container
+   when one is not met ("unsatisfied condition: cuda>=12.8, please update your driver
+   ...", vLLM issues #5635 and #18813).  :func:`evaluate_require_cuda` re-implements
+   that evaluation exactly (see the comments there for the C source it follows).
+2. **The CUDA runtime inside the container.**  It needs a driver whose CUDA version is
+   at least the runtime's (``native``), or a driver of the same CUDA major above the
+   minor-version-compatibility floor (``minor_version``, limited feature set), or the
+   ``cuda-compat`` forward-compatibility libraries on a data-center GPU
+   (``forward_compat``).  And the image's kernels must exist for the GPU's compute
+   capability, or the first launch fails with "no kernel image is available for
+   execution on the device".
+
+:func:`check` combines both and returns the verdict of the ``cuda_compat`` module.
+"""
+from __future__ import annotations
+
+import re
+
+# ---------------------------------------------------------------------------------------
+# Tables
+# ---------------------------------------------------------------------------------------
+
+# Minimum Linux x86_64 driver per CUDA toolkit release ("Toolkit Driver Version",
+# full feature set).  Source: NVIDIA CUDA Toolkit release notes, Table 3 "CUDA Toolkit
+# and Corresponding Driver Versions"
+# (https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html), as copied into
+# mesonbuild/meson mesonbuild/modules/cuda.py `_DRIVER_TABLE_VERSION` ("Copied from:
+# https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html#id7").
+# Key: (CUDA major.minor, update number; 0 = GA).  There is no CUDA 12.7 toolkit.
+TOOLKIT_MIN_DRIVER = {
+    ("11.0", 0): "450.51.05", ("11.0", 1): "450.51.06",
+    ("11.1", 0): "455.23", ("11.1", 1): "455.32",
+    ("11.2", 0): "460.27.03", ("11.2", 1): "460.32.03", ("11.2", 2): "460.32.03",
+    ("11.3", 0): "465.19.01", ("11.3", 1): "465.19.01",
+    ("11.4", 0): "470.42.01", ("11.4", 1): "470.57.02", ("11.4", 2): "470.57.02",
+    ("11.4", 3): "470.82.01", ("11.4", 4): "470.82.01",
+    ("11.5", 0): "495.29.05", ("11.5", 1): "495.29.05", ("11.5", 2): "495.29.05",
+    ("11.6", 0): "510.39.01", ("11.6", 1): "510.47.03", ("11.6", 2): "510.47.03",
+    ("11.7", 0): "515.43.04", ("11.7", 1): "515.48.07",
+    ("11.8", 0): "520.61.05",
+    ("12.0", 0): "525.60.13", ("12.0", 1): "525.85.11",
+    ("12.1", 0): "530.30.02", ("12.1", 1): "530.30.02",
+    ("12.2", 0): "535.54.03", ("12.2", 1): "535.86.09", ("12.2", 2): "535.104.05",
+    ("12.3", 0): "545.23.06", ("12.3", 1): "545.23.08",
+    ("12.4", 0): "550.54.14", ("12.4", 1): "550.54.15",
+    ("12.5", 0): "555.42.02", ("12.5", 1): "555.42.06",
+    ("12.6", 0): "560.28.03", ("12.6", 1): "560.35.03", ("12.6", 2): "560.35.03",
+    ("12.6", 3): "560.35.05",
+    ("12.8", 0): "570.26", ("12.8", 1): "570.124.06",
+    ("12.9", 0): "575.51.03", ("12.9", 1): "575.57.08",
+    ("13.0", 0): "580.65.06", ("13.0", 1): "580.82.07", ("13.0", 2): "580.95.05",
+    ("13.1", 0): "590.44.01", ("13.1", 1): "590.48.01",
+    ("13.2", 0): "595.45.04", ("13.2", 1): "595.58.03",
+    ("13.3", 0): "610.43.02", ("13.3", 1): "610.43.02",
+}
+
+# Minor-version compatibility: an application built with any CUDA X.y runs "with limited
+# feature-set" on a driver of at least this version.  Source: NVIDIA CUDA Compatibility
+# guide, "Minor Version Compatibility", Table 1 (CUDA 13.x >= 580, CUDA 12.x >= 525 and
+# < 580, CUDA 11.x >= 450 with footnote 450.80.02)
+# https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html
+# 525.60.13 and 580.65.06 are the first releases of those branches (Table 3 above).
+MINOR_VERSION_COMPAT_MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+
+# Driver branches.  cuda: what nvidia-smi's "CUDA Version" shows for every driver of the
+# branch (NVML nvmlSystemGetCudaDriverVersion); min_driver: the branch's first Linux
+# release, which is the toolkit GA driver of Table 3 where the branch shipped with a
+# toolkit (565 shipped without one: 565.57.01 reports CUDA 12.7); lifecycle/eol: the
+# data-center driver lifecycle page (docs.nvidia.com/datacenter/tesla/drivers/),
+# None where this project has not checked it.
+DRIVER_BRANCHES = {
+    450: {"cuda": "11.0", "min_driver": "450.51.05", "lifecycle": "LTSB", "eol": "2023-07"},
+    455: {"cuda": "11.1", "min_driver": "455.23", "lifecycle": None, "eol": None},
+    460: {"cuda": "11.2", "min_driver": "460.27.03", "lifecycle": None, "eol": None},
+    465: {"cuda": "11.3", "min_driver": "465.19.01", "lifecycle": None, "eol": None},
+    470: {"cuda": "11.4", "min_driver": "470.42.01", "lifecycle": "LTSB", "eol": "2024-07"},
+    495: {"cuda": "11.5", "min_driver": "495.29.05", "lifecycle": None, "eol": None},
+    510: {"cuda": "11.6", "min_driver": "510.39.01", "lifecycle": None, "eol": None},
+    515: {"cuda": "11.7", "min_driver": "515.43.04", "lifecycle": None, "eol": None},
+    520: {"cuda": "11.8", "min_driver": "520.61.05", "lifecycle": None, "eol": None},
+    525: {"cuda": "12.0", "min_driver": "525.60.13", "lifecycle": None, "eol": None},
+    530: {"cuda": "12.1", "min_driver": "530.30.02", "lifecycle": None, "eol": None},
+    535: {"cuda": "12.2", "min_driver": "535.54.03", "lifecycle": "LTSB", "eol": "2026-06"},
+    545: {"cuda": "12.3", "min_driver": "545.23.06", "lifecycle": None, "eol": None},
+    550: {"cuda": "12.4", "min_driver": "550.54.14", "lifecycle": "production", "eol": None},
+    555: {"cuda": "12.5", "min_driver": "555.42.02", "lifecycle": None, "eol": None},
+    560: {"cuda": "12.6", "min_driver": "560.28.03", "lifecycle": None, "eol": None},
+    565: {"cuda": "12.7", "min_driver": "565.57.01", "lifecycle": None, "eol": None},
+    570: {"cuda": "12.8", "min_driver": "570.26", "lifecycle": "production", "eol": "2026-02"},
+    575: {"cuda": "12.9", "min_driver": "575.51.03", "lifecycle": None, "eol": None},
+    580: {"cuda": "13.0", "min_driver": "580.65.06", "lifecycle": "LTSB", "eol": "2028-08"},
+    590: {"cuda": "13.1", "min_driver": "590.44.01", "lifecycle": None, "eol": None},
+    595: {"cuda": "13.2", "min_driver": "595.45.04", "lifecycle": "production", "eol": None},
+    610: {"cuda": "13.3", "min_driver": "610.43.02", "lifecycle": "new feature", "eol": None},
+}
+
+# Last driver branch that supports an architecture.  Sources: NVIDIA "Unix graphics
+# feature deprecation schedule" (forums.developer.nvidia.com): "The release 580 series
+# will be the last to support GPUs based on the Maxwell, Pascal, and Volta
+# architectures"; R470 was the last branch for Kepler.
+LAST_BRANCH_FOR_ARCHITECTURE = {"kepler": 470, "maxwell": 580, "pascal": 580, "volta": 580}
+
+# Which compute capabilities a CUDA toolkit can build for: (first CUDA, first CUDA
+# without it).  Source: mesonbuild/meson mesonbuild/modules/cuda.py `_MICROISA_RANGES_DEF`
+# (replicates https://en.wikipedia.org/wiki/CUDA#GPUs_supported) and the CUDA 13.0
+# release notes ("Maxwell, Pascal and Volta ... no longer supported"; Thor renamed
+# sm_101 -> sm_110).
+TOOLKIT_ARCH_RANGE = {
+    "3.0": ("5.0", "11.0"), "3.2": ("6.0", "11.0"), "3.5": ("5.0", "12.0"),
+    "3.7": ("6.5", "12.0"),
+    "5.0": ("6.5", "13.0"), "5.2": ("6.5", "13.0"), "5.3": ("6.5", "13.0"),
+    "6.0": ("8.0", "13.0"), "6.1": ("8.0", "13.0"), "6.2": ("8.0", "13.0"),
+    "7.0": ("9.0", "13.0"), "7.2": ("10.0", "13.0"),
+    "7.5": ("10.0", None),
+    "8.0": ("11.0", None), "8.6": ("11.1", None), "8.7": ("11.5", None),
+    "8.9": ("11.8", None), "9.0": ("11.8", None),
+    "10.0": ("12.8", None), "10.1": ("12.8", "13.0"), "10.3": ("12.9", None),
+    "11.0": ("13.0", None), "12.0": ("12.8", None), "12.1": ("12.9", None),
+}
+
+# Driver branches whose hosts NVIDIA's own CUDA images admit through a
+# `brand=<datacenter brand>,driver>=B,driver<B+1` alternative of NVIDIA_REQUIRE_CUDA,
+# i.e. the branches on which the image's cuda-compat (forward compatibility) libraries
+# are meant to be used.  Sources (real image configs):
+#   12.4: vllm/vllm-openai:v0.8.5 Config.Env (470, 525, 535)
+#   12.9: vllm/vllm-openai v0.16.0 image, `vllm collect-env` (535, 550, 560, 565, 570)
+#   13.0: vllm/vllm-openai:v0.23.0 Config.Env (535, 550, 565, 570, 575)
+# Other versions use the nearest lower listed version of the same major.
+FORWARD_COMPAT_BRANCHES = {
+    "12.4": (470, 525, 535),
+    "12.9": (535, 550, 560, 565, 570),
+    "13.0": (535, 550, 565, 570, 575),
+}
+
+# Private, minimal architecture names for messages.  TODO: use
+# gpufleet.gpu.architecture_for() once module_utils/gpufleet/gpu.py exists.
+_ARCH_NAMES = (
+    ("3.", "kepler"), ("5.", "maxwell"), ("6.", "pascal"), ("7.0", "volta"),
+    ("7.2", "volta"), ("7.5", "turing"), ("8.0", "ampere"), ("8.6", "ampere"),
+    ("8.7", "ampere"), ("8.9", "ada"), ("9.", "hopper"), ("10.", "blackwell"),
+    ("11.", "blackwell"), ("12.", "blackwell"),
+)
+
+MODES = ("native", "minor_version", "forward_compat", "incompatible")
+
+_DRIVER_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
+_CUDA_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
+_CC_RE = re.compile(r"^(\d+)\.(\d+)$")
+
+
+# ---------------------------------------------------------------------------------------
+# Parsing and table look-ups
+# ---------------------------------------------------------------------------------------
+
+def parse_driver_version(s):
+    """'535.129.03' -> (535, 129, 3).  ValueError on anything else."""
+    text = str(s).strip() if s is not None else ""
+    m = _DRIVER_RE.match(text)
+    if not m or int(m.group(1)) < 100:
+        raise ValueError(
+            f"driver_version {s!r} is malformed: expected MAJOR.MINOR[.PATCH] as printed "
+            "by nvidia-smi, e.g. 535.129.03 or 570.26")
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
+def parse_cuda_version(s):
+    """'12.9', '12.9.1' or 12.9 -> (12, 9).  ValueError on anything else."""
+    text = str(s).strip() if s is not None else ""
+    m = _CUDA_RE.match(text)
+    if not m:
+        raise ValueError(
+            f"CUDA version {s!r} is malformed: expected MAJOR.MINOR such as 12.2 or 13.0")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _cuda_str(v):
+    return f"{v[0]}.{v[1]}"
+
+
+def parse_compute_capability(cc):
+    """'8.6' -> (8, 6); 86 or '86' are not accepted (ambiguous for 10.0 and up)."""
+    text = str(cc).strip()
+    m = _CC_RE.match(text)
+    if not m:
+        raise ValueError(
+            f"compute capability {cc!r} is malformed: expected MAJOR.MINOR such as 8.0 "
+            "(nvidia-smi --query-gpu=compute_cap)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _architecture(cc):
+    try:  # prefer the shared table when the gpu module exists
+        from gpufleet.gpu import architecture_for  # pragma: no cover
+        return architecture_for(cc)  # pragma: no cover
+    except ImportError:
+        pass
+    for prefix, name in _ARCH_NAMES:
+        if cc == prefix or (prefix.endswith(".") and cc.startswith(prefix)):
+            return name
+    return "unknown"
+
+
+def branch_of(driver_version):
+    """The driver branch (major number): '535.129.03' -> 535."""
+    return parse_driver_version(driver_version)[0]
+
+
+def _known_branch(branch):
+    """The table row for `branch`, or the nearest lower known branch, or None."""
+    lower = [b for b in DRIVER_BRANCHES if b <= branch]
+    return max(lower) if lower else None
+
+
+def driver_cuda_version(driver_version):
+    """Newest CUDA the driver supports ('535.129.03' -> '12.2'), from DRIVER_BRANCHES.
+
+    A branch missing from the table (a new one) is given the CUDA of the nearest older
+    known branch: a lower bound, never an overstatement.
+    """
+    branch = branch_of(driver_version)
+    known = _known_branch(branch)
+    if known is None:
+        raise ValueError(
+            f"driver {driver_version} (branch {branch}) is older than every branch this "
+            f"module knows (oldest {min(DRIVER_BRANCHES)}, CUDA 11.0); it cannot run a "
+            "CUDA 11+ image: install a current driver branch")
+    return DRIVER_BRANCHES[known]["cuda"]
+
+
+def min_driver_for_cuda(cuda, update=None):
+    """Minimum Linux driver for the full feature set of a CUDA toolkit release.
+
+    ``update`` is the update number (1 for "12.2 Update 1"); None or 0 is GA.
+    """
+    key = _cuda_str(parse_cuda_version(cuda))
+    upd = 0 if update is None else int(update)
+    if (key, upd) in TOOLKIT_MIN_DRIVER:
+        return TOOLKIT_MIN_DRIVER[(key, upd)]
+    known = sorted({k for k, _ in TOOLKIT_MIN_DRIVER}, key=parse_cuda_version)
+    if key in known:
+        updates = sorted(u for k, u in TOOLKIT_MIN_DRIVER if k == key)
+        raise ValueError(f"CUDA {key} has no update {upd} in NVIDIA's table; known updates: "
+                         f"{', '.join(str(u) for u in updates)} (0 = GA)")
+    raise ValueError(
+        f"CUDA {key} is not in NVIDIA's toolkit/driver table as known here "
+        f"({known[0]} to {known[-1]}; there is no 12.7 toolkit): check the version, or add "
+        "it from the CUDA release notes Table 3")
+
+
+def planned_driver_for_branch(branch):
+    """The driver version a plan can assume for ``branch`` before installing it: the
+    branch's first release (what NVIDIA's tables promise for the whole branch)."""
+    b = int(branch)
+    if b not in DRIVER_BRANCHES:
+        raise ValueError(f"driver branch {branch} is not known; known branches: "
+                         f"{', '.join(str(k) for k in sorted(DRIVER_BRANCHES))}")
+    return DRIVER_BRANCHES[b]["min_driver"]
+
+
+def branch_supports_architecture(branch, compute_capability):
+    """False when driver ``branch`` no longer supports a GPU of ``compute_capability``
+    (Kepler after R470; Maxwell, Pascal and Volta after R580)."""
+    cc = _cuda_str(parse_compute_capability(compute_capability))
+    arch = _architecture(cc)
+    last = LAST_BRANCH_FOR_ARCHITECTURE.get(arch)
+    return last is None or int(branch) <= last
+
+
+def toolkit_supports_architecture(cuda, compute_capability):
+    """Whether CUDA toolkit ``cuda`` can build code for ``compute_capability``."""
+    cc = _cuda_str(parse_compute_capability(compute_capability))
+    if cc not in TOOLKIT_ARCH_RANGE:
+        return True  # unknown to the table: do not claim a drop we cannot source
+    first, gone = TOOLKIT_ARCH_RANGE[cc]
+    v = parse_cuda_version(cuda)
+    return v >= parse_cuda_version(first) and (gone is None or v < parse_cuda_version(gone))
+
+
+# ---------------------------------------------------------------------------------------
+# NVIDIA_REQUIRE_CUDA, exactly as libnvidia-container evaluates it
+# ---------------------------------------------------------------------------------------
+#
+# Path of a requirement on the (default, "legacy") docker --gpus / runtime=nvidia path:
+#   nvidia-container-toolkit internal/config/image/cuda_image.go CUDA.GetRequirements():
+#     every env var starting with NVIDIA_REQUIRE_ (except NVIDIA_REQUIRE_JETPACK*) is a
+#     requirement; a "legacy" image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset) gets
+#     "cuda>=MAJOR.MINOR" of CUDA_VERSION; NVIDIA_DISABLE_REQUIRE=<true per
+#     strconv.ParseBool> drops them all (HasDisableRequire).
+#   cmd/nvidia-container-runtime-hook/main.go passes each one as --require=<value>.
+#   libnvidia-container src/cli/configure.c configure_command(): every requirement is
+#     evaluated once per visible GPU (dsl_data{drv, gpu}), or once with no device when
+#     none is visible; the rules are cuda (driver's CUDA "%u.%u" from
+#     nvmlSystemGetCudaDriverVersion), driver (NVML driver version string), arch
+#     (compute capability "%u.%u") and brand (src/driver.c: Quadro, Tesla, NVS, GRID,
+#     GeForce, TITAN, anything else "Unknown"); with no device, arch and brand hold.
+#   libnvidia-container src/cli/dsl.c dsl_evaluate(): the value is split on " " into
+#     alternatives (OR) and each alternative on "," into conditions (AND); the first
+#     alternative whose conditions all hold satisfies the requirement.  On failure the
+#     message names the FIRST space-separated term of the whole value, not the failing
+#     one.  evaluate_rule(): NAME then a run of "<>=!" that must be exactly one of
+#     = != < <= > >=, then a non-empty value; an unknown name or a bad operator is
+#     "invalid expression".  Names and brand values compare case-insensitively.
+# (The Go port in internal/requirements/ is used only for CSV/Tegra mode.)
+
+_RULES = ("cuda", "driver", "arch", "brand")
+_OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
+
+# Brand strings libnvidia-container can report (src/driver.c driver_get_device_brand_1_svc).
+TOOLKIT_BRANDS = ("quadro", "tesla", "nvs", "grid", "geforce", "titan", "unknown")
+
+
+def parse_require_cuda(value):
+    """Parse an NVIDIA_REQUIRE_* value into alternatives of (name, op, value) conditions.
+
+    '' -> [] (no requirement).  ValueError names the bad term, as nvidia-container-cli
+    would fail on it with "requirement error: invalid expression".
+    """
+    if value is None:
+        return []
+    if not isinstance(value, str):
+        raise ValueError(f"NVIDIA_REQUIRE_CUDA must be a string, got {type(value).__name__}")
+    alternatives = []
+    for alt in value.split(" "):
+        if alt == "":
+            continue
+        conditions = []
+        for term in alt.split(","):
+            if term == "":
+                continue
+            conditions.append(_parse_condition(term, value))
+        if conditions:
+            alternatives.append(conditions)
+    return alternatives
+
+
+def _parse_condition(term, whole):
+    i = 0
+    while i < len(term) and term[i] not in "<>=!":
+        i += 1
+    name = term[:i]
+    j = i
+    while j < len(term) and term[j] in "<>=!":
+        j += 1
+    op, val = term[i:j], term[j:]
+    problem = None
+    if not name:
+        problem = "it has no property name before the operator"
+    elif not op:
+        problem = "it has no comparison operator (one of = != < <= > >=)"
+    elif op not in _OPERATORS:
+        problem = f"{op!r} is not an operator (one of = != < <= > >=)"
+    elif not val:
+        problem = "it has no value after the operator"
+    elif name.lower() not in _RULES:
+        problem = f"{name!r} is not a property nvidia-container-cli knows (cuda, driver, arch, brand)"
+    elif name.lower() != "brand" and _dsl_compare_version(val, "=", val) < 0:
+        problem = f"{val!r} is not a version (digits and dots only)"
+    if problem:
+        raise ValueError(
+            f"NVIDIA_REQUIRE_CUDA {whole!r} is malformed: term {term!r}: {problem}. "
+            "nvidia-container-cli would refuse the container with 'requirement error: "
+            "invalid expression'; expected e.g. 'cuda>=12.4 brand=tesla,driver>=535,driver<536'")
+    return (name.lower(), op, val)
+
+
+def _strtoumax(s, pos):
+    j = pos
+    while j < len(s) and s[j].isdigit():
+        j += 1
+    return (int(s[pos:j]) if j > pos else None), j
+
+
+def _skip(s, pos, chars):
+    while pos < len(s) and s[pos] in chars:
+        pos += 1
+    return pos
+
+
+def _dsl_compare_version(v1, cmp, v2):
+    """Port of libnvidia-container src/cli/dsl.c dsl_compare_version():
+    1 (true), 0 (false) or -1 (not comparable).  Numeric, dot-separated, trailing
+    '.0' groups ignored ("12" == "12.0")."""
+    if any(c not in "0123456789." for c in v1) or any(c not in "0123456789." for c in v2):
+        return -1
+    p1 = p2 = 0
+    while p1 < len(v1) and p2 < len(v2):
+        n1, e1 = _strtoumax(v1, p1)
+        n2, e2 = _strtoumax(v2, p2)
+        if n1 is None or n2 is None:
+            return -1
+        if n1 != n2:
+            if cmp == "=":
+                return 0
+            if cmp == "!=":
+                return 1
+            if cmp in ("<", "<="):
+                return int(n1 < n2)
+            return int(n1 > n2)
+        p1 = _skip(v1, e1, ".")
+        p2 = _skip(v2, e2, ".")
+    p1 = _skip(v1, p1, ".0")
+    p2 = _skip(v2, p2, ".0")
+    end1, end2 = p1 >= len(v1), p2 >= len(v2)
+    if cmp == "!=":
+        return int(not end1 or not end2)
+    if cmp in ("=", "<=", ">="):
+        if end1 and end2:
+            return 1
+        if cmp == "=":
+            return 0
+    if cmp in ("<", "<="):
+        return int(end1 and not end2)
+    return int(not end1 and end2)
+
+
+def _rule(name, op, val, driver_version, driver_cuda, brand, arch):
+    if name == "cuda":
+        return _dsl_compare_version(driver_cuda, op, val)
+    if name == "driver":
+        return _dsl_compare_version(driver_version, op, val)
+    if name == "arch":
+        # configure.c check_device_arch: no visible device -> true
+        return 1 if arch is None else _dsl_compare_version(arch, op, val)
+    # check_device_brand: no device or no brand -> true; only = and != are defined
+    if brand is None:
+        return 1
+    if op == "=":
+        return int(brand.lower() == val.lower())
+    if op == "!=":
+        return int(brand.lower() != val.lower())
+    return -1
+
+
+def evaluate_require_cuda(value, driver_version, brand=None, arch=None, driver_cuda=None):
+    """Evaluate one NVIDIA_REQUIRE_* value as nvidia-container-cli does.
+
+    Returns (ok, unsatisfied_condition_text); the text is nvidia-container-cli's own
+    message ("unsatisfied condition: cuda>=12.4, please update your driver to a newer
+    version, or use an earlier cuda container") or None when ok.  ``brand`` (one of
+    TOOLKIT_BRANDS) and ``arch`` ("8.0") describe the GPU; None means "no visible
+    device", where the toolkit lets brand and arch conditions pass.  ``driver_cuda``
+    defaults to driver_cuda_version(driver_version).
+    """
+    parse_driver_version(driver_version)
+    alternatives = parse_require_cuda(value)
+    if driver_cuda is None:
+        driver_cuda = driver_cuda_version(driver_version)
+    for conditions in alternatives:
+        if all(_rule(n, o, v, str(driver_version).strip(), driver_cuda, brand, arch) == 1
+               for n, o, v in conditions):
+            return True, None
+    if not alternatives:
+        return True, None
+    first = value.split(" ")[0]
+    if first.startswith("cuda>="):
+        return False, (f"unsatisfied condition: {first}, please update your driver to a "
+                       "newer version, or use an earlier cuda container")
+    return False, f"unsatisfied condition: {first}"
+
+
+def _parse_bool_go(s):
+    """Go strconv.ParseBool; invalid -> False (HasDisableRequire ignores the error)."""
+    return s in ("1", "t", "T", "TRUE", "true", "True")
+
+
+def image_requirements(env, labels=None):
+    """What an image's Config.Env (list of "K=V") tells this check.
+
+    Returns dict(requirements=[...], disabled=bool, cuda_version="12.9"|None,
+    arch_list=[...]|None), following cuda_image.go GetRequirements() for the first two.
+    """
+    values = {}
+    for item in env or []:
+        key, sep, val = str(item).partition("=")
+        if sep:
+            values[key] = val
+    disabled = _parse_bool_go(values.get("NVIDIA_DISABLE_REQUIRE", ""))
+    requirements = [v for k, v in sorted(values.items())
+                    if k.startswith("NVIDIA_REQUIRE_") and not k.startswith("NVIDIA_REQUIRE_JETPACK")]
+    cuda_version = None
+    if values.get("CUDA_VERSION"):
+        cuda_version = _cuda_str(parse_cuda_version(values["CUDA_VERSION"]))
+        if not values.get("NVIDIA_REQUIRE_CUDA"):  # IsLegacy()
+            requirements.append(f"cuda>={cuda_version}")
+    arch_text = values.get("TORCH_CUDA_ARCH_LIST") or (labels or {}).get("TORCH_CUDA_ARCH_LIST")
+    arch_list = parse_arch_list(arch_text) if arch_text else None
+    return {"requirements": [] if disabled else requirements, "disabled": disabled,
+            "cuda_version": cuda_version, "arch_list": arch_list}
+
+
+def parse_arch_list(value):
+    """TORCH_CUDA_ARCH_LIST-style text or list -> ['7.5', '8.0', ..., '12.0+PTX']."""
+    items = value if isinstance(value, (list, tuple)) else re.split(r"[\s;,]+", str(value))
+    out = []
+    for item in items:
+        item = str(item).strip()
+        if not item:
+            continue
+        m = re.match(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$", item, re.IGNORECASE)
+        if not m:
+            raise ValueError(
+                f"architecture list entry {item!r} is malformed: expected entries like 8.0, "
+                "9.0a or 12.0+PTX (TORCH_CUDA_ARCH_LIST format)")
+        out.append(f"{m.group(1)}.{m.group(2)}{m.group(3).lower()}{'+PTX' if m.group(4) else ''}")
+    return out
+
+
+def arch_list_covers(arch_list, compute_capability):
+    """Whether kernels built for ``arch_list`` load on a GPU of ``compute_capability``.
+
+    CUDA binary compatibility (CUDA C++ Programming Guide, "Binary Compatibility"):
+    a cubin for X.y runs on X.z with z >= y; 'a' (arch-specific) cubins run only on
+    exactly X.y; 'f' (family) cubins on the same major with z >= y; PTX for X.y is JIT-
+    compiled for any compute capability >= X.y.
+    """
+    cc = parse_compute_capability(compute_capability)
+    for entry in arch_list:
+        m = re.match(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$", entry)
+        built = (int(m.group(1)), int(m.group(2)))
+        suffix, ptx = m.group(3), bool(m.group(4))
+        if suffix == "a":
+            if cc == built:
+                return True
+        elif cc[0] == built[0] and cc[1] >= built[1]:
+            return True
+        if ptx and cc >= built:
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------
+# The verdict
+# ---------------------------------------------------------------------------------------
+
+def _required_from_requirements(alternatives_list):
+    """The CUDA floor of the first requirement that names one: the cuda>= (or =, >)
+    condition of its first alternative (NVIDIA's images start with 'cuda>=X.Y')."""
+    for alternatives in alternatives_list:
+        for conditions in alternatives[:1]:
+            for name, op, val in conditions:
+                if name == "cuda" and op in (">=", "=", ">"):
+                    return _cuda_str(parse_cuda_version(val))
+    return None
+
+
+def _forward_compat_branches(required):
+    major, minor = parse_cuda_version(required)
+    same = [parse_cuda_version(k) for k in FORWARD_COMPAT_BRANCHES if parse_cuda_version(k)[0] == major]
+    if not same:
+        return ()
+    lower = [v for v in same if v <= (major, minor)]
+    pick = max(lower) if lower else min(same)
+    return FORWARD_COMPAT_BRANCHES[_cuda_str(pick)]
+
+
+def _toolkit_brand(brand, datacenter_gpu):
+    if brand:
+        b = str(brand).strip().lower()
+        if b not in TOOLKIT_BRANDS:
+            raise ValueError(f"brand {brand!r} is not one nvidia-container-cli reports; use one "
+                             f"of {', '.join(TOOLKIT_BRANDS)} (H100/A100/L40S report 'unknown')")
+        return b
+    # Data-center GPUs report Tesla (V100, T4) or a brand libnvidia-container maps to
+    # "Unknown" (A100, H100: NVML_BRAND_NVIDIA); NVIDIA's images list both alike.
+    return "tesla" if datacenter_gpu else "geforce"
+
+
+def check(driver_version, compute_capabilities=(), cuda_version=None, require_cuda=None,
+          image_arch_list=None, datacenter_gpu=False, allow_forward_compat=False, brand=None):
+    """Decide whether a host can run a CUDA image; returns the cuda_compat result dict.
+
+    ``require_cuda`` is one NVIDIA_REQUIRE_CUDA value or a list of NVIDIA_REQUIRE_*
+    values (all must hold, as the toolkit ANDs them).  ``cuda_version`` is the image's
+    CUDA runtime ("13.0"); when absent it is read from the requirement's cuda>= term.
+    """
+    parse_driver_version(driver_version)
+    driver_version = str(driver_version).strip()
+    ccs = [_cuda_str(parse_compute_capability(c)) for c in (compute_capabilities or [])]
+    requirements = [require_cuda] if isinstance(require_cuda, str) else list(require_cuda or [])
+    parsed = [parse_require_cuda(r) for r in requirements]
+    arch_list = parse_arch_list(image_arch_list) if image_arch_list else None
+    toolkit_brand = _toolkit_brand(brand, datacenter_gpu)
+
+    driver_cuda = driver_cuda_version(driver_version)
+    branch = branch_of(driver_version)
+    required = _cuda_str(parse_cuda_version(cuda_version)) if cuda_version else \
+        _required_from_requirements(parsed)
+
+    reasons, suggestions = [], []
+    if branch not in DRIVER_BRANCHES:
+        reasons.append(f"Driver branch {branch} is not in the branch table; it is assumed to "
+                       f"support at least CUDA {driver_cuda}, like branch {_known_branch(branch)}.")
+    min_driver = None
+    if required:
+        try:
+            min_driver = min_driver_for_cuda(required)
+        except ValueError:
+            reasons.append(f"CUDA {required} is not in NVIDIA's toolkit/driver table as known "
+                           "here; its minimum driver is unknown.")
+
+    # 1. Runtime mode from the CUDA versions alone.
+    dv, rv = parse_cuda_version(driver_cuda), parse_cuda_version(required) if required else None
+    fc_possible = False
+    if rv is None or dv >= rv:
+        mode = "native"
+    else:
+        floor = MINOR_VERSION_COMPAT_MIN_DRIVER.get(rv[0])
+        if dv[0] == rv[0] and floor and _dsl_compare_version(driver_version, ">=", floor) == 1:
+            mode = "minor_version"
+        else:
+            mode = "incompatible"
+        fc_possible = branch in _forward_compat_branches(required)
+        if mode == "incompatible" and datacenter_gpu and fc_possible and allow_forward_compat:
+            mode = "forward_compat"
+
+    runtime_reason_at = len(reasons)
+    if rv is None:
+        reasons.append(f"No CUDA version is required; driver {driver_version} supports CUDA "
+                       f"{driver_cuda}.")
+    elif mode == "native":
+        reasons.append(f"Driver {driver_version} supports CUDA {driver_cuda}, which covers the "
+                       f"required CUDA {required} natively.")
+    elif mode == "minor_version":
+        reasons.append(
+            f"Driver {driver_version} supports CUDA {driver_cuda}, older than the required CUDA "
+            f"{required}; CUDA {rv[0]}.x minor-version compatibility (driver >= "
+            f"{MINOR_VERSION_COMPAT_MIN_DRIVER[rv[0]]}) runs it with a limited feature set: no "
+            f"JIT of PTX newer than CUDA {driver_cuda}, and APIs that need a newer driver fail.")
+    elif mode == "forward_compat":
+        reasons.append(
+            f"Driver {driver_version} supports CUDA {driver_cuda}, older than the required CUDA "
+            f"{required}; on this data-center GPU the image's CUDA forward-compatibility "
+            f"libraries (cuda-compat) run CUDA {required} on branch {branch}.")
+    else:
+        why = (f"Driver {driver_version} supports CUDA {driver_cuda}, but the image needs CUDA "
+               f"{required} (driver >= {min_driver or 'unknown'})")
+        if dv[0] != rv[0]:
+            why += f"; minor-version compatibility does not cross CUDA majors ({dv[0]} -> {rv[0]})"
+        if fc_possible and datacenter_gpu:
+            why += ("; forward compatibility could run it on this data-center GPU but "
+                    "allow_forward_compat is false")
+        elif fc_possible:
+            why += "; forward compatibility needs a data-center GPU"
+        reasons.append(why + ".")
+
+    # 2. The container toolkit's requirement check (what actually blocks a start).
+    gate_ok, unsatisfied = True, None
+    for value in requirements:
+        for cc in (ccs or [None]):
+            ok, text = evaluate_require_cuda(value, driver_version, brand=toolkit_brand,
+                                             arch=cc, driver_cuda=driver_cuda)
+            if not ok and gate_ok:
+                gate_ok, unsatisfied = False, text
+    if requirements:
+        if gate_ok:
+            reasons.append(f"NVIDIA_REQUIRE_CUDA is satisfied for a {toolkit_brand} GPU on driver "
+                           f"{driver_version}: nvidia-container-cli will start the container.")
+        else:
+            reasons.append(
+                f"nvidia-container-cli refuses to start the container on driver "
+                f"{driver_version} with a {toolkit_brand} GPU: \"requirement error: "
+                f"{unsatisfied}\". This check runs before any CUDA code, so minor-version or "
+                "forward compatibility cannot help unless the image's requirement admits this "
+                "driver.")
+            if mode in ("minor_version", "forward_compat"):
+                reasons[runtime_reason_at] = "Were the container started, this would apply: " + \
+                    reasons[runtime_reason_at]
+            # the toolkit's refusal is the verdict: say it first
+            reasons.insert(runtime_reason_at, reasons.pop())
+            mode = "incompatible"
+    elif mode != "native" and rv is not None:
+        reasons.append("No NVIDIA_REQUIRE_CUDA was given, so the container toolkit's own check "
+                       "was not evaluated.")
+
+    # 3. GPU architecture against toolkit, driver branch and image kernels.
+    arch_ok = True
+    for cc in ccs:
+        name = _architecture(cc)
+        if required and not toolkit_supports_architecture(required, cc):
+            arch_ok = False
+            first, gone = TOOLKIT_ARCH_RANGE[cc]
+            reasons.append(f"CUDA {required} cannot run on compute capability {cc} ({name}): "
+                           + (f"CUDA {gone} dropped it." if gone and rv >= parse_cuda_version(gone)
+                              else f"support starts with CUDA {first}."))
+        if not branch_supports_architecture(branch, cc):
+            arch_ok = False
+            reasons.append(f"Driver branch {branch} does not support compute capability {cc} "
+                           f"({name}); the last branch for {name} is R"
+                           f"{LAST_BRANCH_FOR_ARCHITECTURE[name]}.")
+        if arch_list is not None and not arch_list_covers(arch_list, cc):
+            arch_ok = False
+            reasons.append(f"The image's kernels are built for {' '.join(arch_list)}, which does "
+                           f"not cover compute capability {cc} ({name}): the first kernel launch "
+                           "fails with 'no kernel image is available for execution on the device'.")
+    if not arch_ok:
+        mode = "incompatible"
+
+    compatible = mode != "incompatible"
+    if not compatible:
+        suggestions = _suggestions(driver_version, driver_cuda, required, rv, dv, ccs,
+                                   datacenter_gpu, fc_possible, gate_ok, arch_list, min_driver)
+    elif mode == "forward_compat":
+        suggestions.append("Start vLLM images with VLLM_ENABLE_CUDA_COMPATIBILITY=1 so they load "
+                           "the bundled cuda-compat libraries.")
+    elif mode == "minor_version":
+        suggestions.append(f"For the full CUDA {required} feature set install driver branch "
+                           f"{branch_of(min_driver)} (>= {min_driver})." if min_driver else
+                           f"For the full feature set install a driver for CUDA {required}.")
+    return {
+        "compatible": compatible,
+        "mode": mode,
+        "required_cuda": required,
+        "driver_cuda": driver_cuda,
+        "driver_branch": branch,
+        "min_driver": min_driver,
+        "require_cuda_satisfied": gate_ok if requirements else None,
+        "unsatisfied_condition": unsatisfied,
+        "reasons": reasons,
+        "suggestions": suggestions,
+    }
+
+
+def _suggestions(driver_version, driver_cuda, required, rv, dv, ccs, datacenter_gpu,
+                 fc_possible, gate_ok, arch_list, min_driver):
+    out = []
+    dropped = [cc for cc in ccs if required and not toolkit_supports_architecture(required, cc)]
+    if rv is not None and (dv < rv or not gate_ok):
+        out.append(f"Use an image built for CUDA {driver_cuda} or older (read its CUDA_VERSION / "
+                   "NVIDIA_REQUIRE_CUDA, not its tag).")
+        floor = MINOR_VERSION_COMPAT_MIN_DRIVER.get(dv[0])
+        if (dv[0] < rv[0] and floor and dv[0] == 12
+                and _dsl_compare_version(driver_version, ">=", floor) == 1):
+            note = "" if datacenter_gpu else (
+                "; on a non-data-center GPU the container toolkit admits it only with "
+                "NVIDIA_DISABLE_REQUIRE=1")
+            out.append("Or use a CUDA 12.x image such as vllm/vllm-openai:<tag>-cu129, which runs "
+                       f"on this driver under minor-version compatibility (limited feature set){note}.")
+        if min_driver and not dropped:
+            target = branch_of(min_driver)
+            blocked = [cc for cc in ccs if not branch_supports_architecture(target, cc)]
+            if not blocked:
+                out.append(f"Or install driver branch {target} (>= {min_driver}).")
+        if datacenter_gpu and fc_possible and dv < rv:
+            out.append(f"Or, on this data-center GPU, allow forward compatibility "
+                       f"(allow_forward_compat: true) and start vLLM images with "
+                       "VLLM_ENABLE_CUDA_COMPATIBILITY=1.")
+        elif not gate_ok and dv[0] == rv[0]:
+            out.append("Or set NVIDIA_DISABLE_REQUIRE=1 on the container to skip the toolkit's "
+                       "check; CUDA minor-version compatibility then applies, with its limits.")
+    for cc in dropped:
+        out.append(f"Compute capability {cc} needs an image built for CUDA 12.x or older "
+                   "(CUDA 13 dropped Maxwell, Pascal and Volta), on driver branch 580 or older.")
+    if arch_list is not None:
+        missing = [cc for cc in ccs if not arch_list_covers(arch_list, cc)]
+        if missing:
+            out.append(f"Use an image whose TORCH_CUDA_ARCH_LIST includes {' '.join(missing)} "
+                       "(or build one with it).")
+    for cc in ccs:
+        name = _architecture(cc)
+        last = LAST_BRANCH_FOR_ARCHITECTURE.get(name)
+        if last and branch_of(driver_version) > last:
+            out.append(f"Install driver branch {last} or older for compute capability {cc} ({name}).")
+    return out
