@@ -53,7 +53,7 @@ build_base_image() {
     || { tail -n 20 /var/log/gpufleet-debootstrap.log >&2; die "debootstrap failed"; }
   bash "$ROOT/lab/base/setup-rootfs.sh" "$rootfs" "$mirror"
   tar -C "$rootfs" -c . | docker import \
-    -c 'CMD ["/lib/systemd/systemd"]' -c 'STOPSIGNAL SIGRTMIN+3' -c 'ENV container=docker' \
+    -c 'CMD ["/lib/systemd/systemd"]' -c 'ENV container=docker' \
     -c "LABEL org.gpufleet.recipe=$hash" - "$tag" >/dev/null
   rm -rf "$rootfs"
   docker tag "$tag" "$BASE_IMAGE"
