@@ -61,6 +61,7 @@ class GpuFactsError(ValueError):
 # are the Tegra parts (TX1, TX2, Xavier, Orin). CUDA 13 renamed Thor 10.1 -> 11.0
 # (CUDA 13.0 release notes); both spellings map to Blackwell.
 _ARCHITECTURE_BY_CC = {
+    "3.0": "kepler", "3.2": "kepler", "3.5": "kepler", "3.7": "kepler",
     "5.0": "maxwell", "5.2": "maxwell", "5.3": "maxwell",
     "6.0": "pascal", "6.1": "pascal", "6.2": "pascal",
     "7.0": "volta", "7.2": "volta",
@@ -74,7 +75,8 @@ _ARCHITECTURE_BY_CC = {
 
 # nvidia-smi's <product_architecture> spellings -> our names (nvsmi_device_v11+ DTD).
 _ARCHITECTURE_NAMES = {
-    "maxwell": "maxwell", "pascal": "pascal", "volta": "volta", "turing": "turing",
+    "kepler": "kepler", "maxwell": "maxwell", "pascal": "pascal", "volta": "volta",
+    "turing": "turing",
     "ampere": "ampere", "ada lovelace": "ada", "ada": "ada", "hopper": "hopper",
     "blackwell": "blackwell",
 }
