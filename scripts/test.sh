@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Run every gpufleet test on this machine (Debian 12 / Ubuntu, as root).
+# Installs and starts what the tests need first (scripts/setup.sh: apt packages, the
+# Docker engine, .venv, the offline base image), then runs, failing loudly on the first
+# failing stage:
+#   1. yamllint and ansible-lint (production profile)
+#   2. pytest unit tests (pure logic and module main()s; fast)
+#   3. Molecule: every scenario under molecule/, real containers, docker driver
+#   4. pytest slow tests (docker, loopback mirrors, real vLLM on the CPU)
+#
+#   scripts/test.sh          everything
+#   scripts/test.sh --fast   stages 1 and 2 only (no docker needed after setup)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+. "$ROOT/scripts/lib.sh"
+
+fast=0
+[[ "${1:-}" == "--fast" ]] && fast=1
+
+if ((fast)); then bash scripts/setup.sh venv; else bash scripts/setup.sh; fi
+export PATH="$ROOT/.venv/bin:$PATH"
+export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
+
+stage() { log "== $*"; }
+
+stage "yamllint"
+yamllint --strict .
+stage "ansible-lint (production profile)"
+ansible-lint --offline --profile production -q
+stage "pytest: unit tests"
+pytest -q -m "not slow" tests
+((fast)) && exit 0
+
+stage "lab images and models (cached by content hash)"
+bash scripts/lab.sh images
+
+stage "molecule: every scenario"
+scenarios=$(find molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -r -n1 basename | sort)
+for s in $scenarios; do
+  stage "molecule test -s $s"
+  molecule test -s "$s"
+done
+
+stage "pytest: slow tests (docker, mirrors, vLLM)"
+pytest -q -m slow tests
