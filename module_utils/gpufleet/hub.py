@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import requests
+import urllib3
 
 PUBLIC_ENDPOINT = "https://huggingface.co"
 STATE_DIR = ".gpufleet"
@@ -402,7 +403,7 @@ class _Partial:
 class Fetcher:
     """Brings dest to exactly the listed files of one commit, verifying every byte."""
 
-    def __init__(self, client, repo_id, commit, dest, verify="full", max_workers=8):
+    def __init__(self, client, repo_id, commit, dest, verify="manifest", max_workers=8):
         self.client, self.repo_id, self.commit = client, repo_id, commit
         self.dest, self.verify, self.max_workers = dest, verify, max_workers
         self.quarantined = []
@@ -552,16 +553,19 @@ class Fetcher:
                 part.restart()  # no Range support (200): this file starts over
             with open(part.path, "ab") as out:
                 try:
-                    for chunk in resp.iter_content(CHUNK):
-                        room = f.size - part.offset
-                        chunk = chunk[:room]
+                    # read1: what has arrived, so bytes before a drop are kept (read(n)
+                    # would buffer up to n and lose them with the connection)
+                    while part.offset < f.size:
+                        chunk = resp.raw.read1(CHUNK, decode_content=True)
+                        if not chunk:
+                            break
+                        chunk = chunk[:f.size - part.offset]
                         out.write(chunk)
                         part.hasher.update(chunk)
                         part.offset += len(chunk)
                         self.stats.add(downloaded=len(chunk), verified=len(chunk))
-                        if part.offset >= f.size:
-                            break
-                except (requests.RequestException, OSError) as exc:
+                except (requests.RequestException, urllib3.exceptions.HTTPError,
+                        OSError) as exc:
                     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                         raise
                     raise _Transient(f"{f.path}: connection lost after {part.offset} of "
@@ -593,7 +597,7 @@ class _Lock:
 
 
 def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patterns=None,
-              verify="full", max_workers=8, check_mode=False):
+              verify="manifest", max_workers=8, check_mode=False):
     """Make dest hold the verified files of repo_id@revision. Returns a result dict.
 
     Raises HubError (DiskSpaceError, VerificationError) with a message for the user.

@@ -11,7 +11,8 @@ Each request is forwarded to the upstream mirror (e.g. server.HubStub); then, by
 - stall:    headers and a few bytes, then silence longer than the client's timeout
 
 Body faults only hit file bodies (200/206 with at least 2 bytes); other answers get a
-status fault. `injected` counts what was done. Loopback only.
+status fault. `only` limits faults to paths containing a string. `injected` counts what
+was done. Loopback only.
 """
 from __future__ import annotations
 
@@ -32,13 +33,14 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 
 class FaultProxy:
     def __init__(self, upstream, rate=0.0, kinds=ALL_FAULTS, seed=0, stall_s=3.0,
-                 retry_after="0", queue=()):
+                 retry_after="0", queue=(), only=None):
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
         self.rate, self.kinds = rate, tuple(kinds)
         self.random = random.Random(seed)
         self.stall_s, self.retry_after = stall_s, retry_after
         self.queue = collections.deque(queue)  # scripted faults first, None = pass
+        self.only = only  # when set, only paths containing it are considered for faults
         self.injected = collections.Counter()
         self.forwarded = 0
         self.lock = threading.Lock()
@@ -64,10 +66,12 @@ class FaultProxy:
     def total_faults(self):
         return sum(self.injected.values())
 
-    def choose(self, body_ok):
+    def choose(self, path, body_ok):
         """The fault for this answer (None: forward faithfully)."""
         with self.lock:
-            if self.queue:
+            if self.only and self.only not in path:
+                kind = None
+            elif self.queue:
                 kind = self.queue.popleft()
             elif self.random.random() < self.rate:
                 kind = self.random.choice(self.kinds)
@@ -105,7 +109,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         body = up.read() if self.command != "HEAD" else b""
         conn.close()
         is_file = "/resolve/" in self.path or self.path.startswith("/lfs-cdn/")
-        kind = o.choose(body_ok=is_file and up.status in (200, 206) and len(body) >= 2)
+        kind = o.choose(self.path, body_ok=is_file and up.status in (200, 206) and len(body) >= 2)
         self.close_connection = True
         out_headers = [(k, v) for k, v in up.getheaders() if k.lower() not in HOP]
         if kind == "reset":
