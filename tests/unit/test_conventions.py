@@ -1,0 +1,66 @@
+"""Project conventions that are easy to break and cheap to check (docs/conventions.md)."""
+import ast
+import pathlib
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROLES = sorted(p for p in (ROOT / "roles").iterdir() if (p / "tasks").is_dir())
+MODULES = sorted((ROOT / "library").glob("*.py"))
+
+
+def _spec_options(role):
+    spec = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())
+    return spec["argument_specs"]["main"].get("options", {})
+
+
+def _defaults(role):
+    path = role / "defaults" / "main.yml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_argument_specs_equal_defaults(role):
+    options, defaults = _spec_options(role), _defaults(role)
+    assert set(options) == set(defaults), (
+        f"{role.name}: meta/argument_specs.yml and defaults/main.yml differ: "
+        f"only in specs {sorted(set(options) - set(defaults))}, "
+        f"only in defaults {sorted(set(defaults) - set(options))}")
+    for key, value in defaults.items():
+        assert options[key].get("default") == value, (
+            f"{role.name}: default of {key} is {value!r} in defaults/main.yml but "
+            f"{options[key].get('default')!r} in meta/argument_specs.yml")
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_role_variables_are_prefixed(role):
+    for key in _defaults(role):
+        assert key.startswith(role.name + "_"), f"{role.name}: default {key} lacks the role prefix"
+    vars_file = role / "vars" / "main.yml"
+    if vars_file.exists():
+        for key in yaml.safe_load(vars_file.read_text()) or {}:
+            assert key.startswith("_" + role.name + "_"), (
+                f"{role.name}: vars/main.yml key {key} must be _{role.name}_... (internal)")
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_task_names_say_role_and_action(role):
+    for path in (role / "tasks").glob("*.yml"):
+        for task in yaml.safe_load(path.read_text()) or []:
+            name = task.get("name", "")
+            assert " | " in name, f"{path.relative_to(ROOT)}: task {name!r} is not 'Role | Verb object'"
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda p: p.stem)
+def test_module_documents_itself(module):
+    tree = ast.parse(module.read_text())
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+              for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+    for block in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
+        assert block in consts, f"{module.name}: no {block}"
+        assert yaml.safe_load(consts[block]), f"{module.name}: {block} is empty"
+    doc = yaml.safe_load(consts["DOCUMENTATION"])
+    assert doc["module"] == module.stem
+    assert "check_mode" in doc.get("attributes", {}), f"{module.name}: no check_mode attribute"
+    assert "supports_check_mode=True" in module.read_text()
