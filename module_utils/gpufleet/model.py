@@ -1,0 +1,397 @@
+"""Describe a model for the vLLM tuner from its folder or its config.json.
+
+Plain data in, plain data out; no Ansible imports. Nothing here loads a tensor:
+weight bytes come from safetensors headers (an 8-byte little-endian header length,
+then a JSON header whose `data_offsets` give each tensor's byte range) or from
+`model.safetensors.index.json` (`metadata.total_size`).
+
+The field rules follow vLLM's ModelConfig (vllm/config/model.py, get_num_kv_heads /
+get_head_size / get_total_num_kv_heads) and the KV specs in
+vllm/v1/kv_cache_interface.py; see docs/tuning.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+__all__ = [
+    "ModelError",
+    "UnsupportedModelError",
+    "describe_config",
+    "describe_model_dir",
+    "model_summary",
+    "safetensors_file_info",
+    "weights_from_dir",
+]
+
+
+class ModelError(ValueError):
+    """The model folder or its config cannot be described."""
+
+
+class UnsupportedModelError(ModelError):
+    """The model is understood but its KV cache cannot be predicted honestly."""
+
+
+# Bytes per element of torch dtype names as they appear in config.json.
+DTYPE_BYTES = {
+    "float32": 4, "float": 4, "fp32": 4,
+    "bfloat16": 2, "float16": 2, "half": 2, "fp16": 2, "bf16": 2,
+    "float8_e4m3fn": 1, "fp8": 1,
+}
+# Bytes per element of safetensors dtype codes (safetensors format spec).
+SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+    "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1,
+    "BOOL": 1, "F4": 1,
+}
+SAFETENSORS_TO_TORCH = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+# Architecture-name endings vLLM's registry runs as generative models
+# (vllm/model_executor/models/registry.py `_TEXT_GENERATION_MODELS`).
+GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+# Endings of natively pooling architectures (registry `_EMBEDDING_MODELS`,
+# `_CROSS_ENCODER_MODELS`): BertModel, XLMRobertaModel, ...ForSequenceClassification.
+POOLING_SUFFIXES = ("Model", "ForSequenceClassification", "ForTokenClassification",
+                    "ForEmbedding", "ForRewardModel")
+# Encoder-only families: vLLM gives them EncoderOnlyAttentionSpec, which needs no KV
+# cache (kv_cache_interface.py: max_memory_usage_bytes returns 0).
+ENCODER_ONLY_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "nomic_bert", "modernbert",
+                            "new", "gte"}
+# model_types whose KV layout gpufleet has checked: decoder families whose vLLM model
+# files build a standard Attention layer from num_key_value_heads / head_dim, the MLA
+# families (kv_lora_rank), families described by `layer_types`, and encoder-only
+# pooling models. Anything else needs allow_unknown_architecture.
+KNOWN_MODEL_TYPES = {
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+    "deepseek_v2", "deepseek_v3", "gpt_oss", "gemma2", "gemma3_text",
+} | ENCODER_ONLY_MODEL_TYPES
+# Files that mark a sentence-transformers (embedding) checkpoint.
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json",
+                               "sentence_bert_config.json")
+# Layer types (config.json `layer_types`, transformers >= 4.53) the tuner understands.
+FULL_LAYER = "full_attention"
+SLIDING_LAYER = "sliding_attention"
+
+# What the tuner needs from a config.json, named in errors.
+REQUIRED_FIELDS = ("architectures or model_type", "num_hidden_layers",
+                   "num_attention_heads", "hidden_size (or head_dim)",
+                   "max_position_embeddings")
+
+# DeepSeek-V4: what vLLM does, and what gpufleet would need to predict it.
+DEEPSEEK_V4_MISSING = (
+    "DeepSeek-V4 (model_type deepseek_v4) keeps five KV caches per layer kind: the "
+    "compressed main KV of c4a (1/4) and c128a (1/128) layers, the c4a indexer cache, "
+    "the compressor state and a sliding window (config `sliding_window`), packed by "
+    "vLLM into page-size buckets with block size 256 and fp8/fp4 entries "
+    "(vllm/model_executor/layers/deepseek_v4_attention.py: 584-byte fp8 sparse MLA "
+    "entries = 448 fp8 NoPE + 64 bf16 RoPE + 7 scale bytes + 1 pad; "
+    "vllm/v1/attention/backends/mla/sparse_swa.py DeepseekV4SWACache). gpufleet does not "
+    "yet model the indexer entry size, the compressor-state window per layer kind, or how "
+    "the hybrid allocator pads the buckets to one page size, so it cannot predict KV "
+    "tokens without guessing. Run vLLM once with --kv-cache-memory-bytes and read "
+    "'KV cache size: N tokens' from its log instead."
+)
+
+
+def _first(cfg, *keys):
+    for key in keys:
+        value = cfg.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def safetensors_file_info(path):
+    """Return {"bytes": tensor bytes, "dtypes": {dtype: bytes}} from a header.
+
+    Reads only the 8-byte length and the JSON header; a tensor's size is
+    data_offsets[1] - data_offsets[0]. A truncated header is an error.
+    """
+    try:
+        with open(path, "rb") as handle:
+            raw_len = handle.read(8)
+            if len(raw_len) != 8:
+                raise ModelError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > 100 * 1024 * 1024:
+                raise ModelError(f"{path}: safetensors header of {header_len} bytes is "
+                                 "implausible; the file is corrupt")
+            header_raw = handle.read(header_len)
+    except OSError as exc:
+        raise ModelError(f"cannot read {path}: {exc.strerror}") from exc
+    if len(header_raw) != header_len:
+        raise ModelError(f"{path}: safetensors header is truncated "
+                         f"({len(header_raw)} of {header_len} bytes)")
+    try:
+        header = json.loads(header_raw)
+    except ValueError as exc:
+        raise ModelError(f"{path}: safetensors header is not JSON: {exc}") from exc
+    total = 0
+    dtypes = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = entry["data_offsets"]
+            size = int(end) - int(start)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelError(f"{path}: tensor {name!r} has no valid data_offsets") from exc
+        if size < 0:
+            raise ModelError(f"{path}: tensor {name!r} has negative size")
+        total += size
+        dtype = entry.get("dtype", "?")
+        dtypes[dtype] = dtypes.get(dtype, 0) + size
+    return {"bytes": total, "dtypes": dtypes}
+
+
+def weights_from_dir(path):
+    """Weight bytes of a model folder, without loading tensors.
+
+    Returns {"bytes", "source", "dtype"}; dtype is the safetensors dtype holding most
+    bytes (None when only an index was read). Raises ModelError when the folder has no
+    safetensors weights.
+    """
+    index_path = os.path.join(path, "model.safetensors.index.json")
+    shards = sorted(name for name in os.listdir(path) if name.endswith(".safetensors"))
+    if shards:
+        total = 0
+        dtypes = {}
+        for shard in shards:
+            info = safetensors_file_info(os.path.join(path, shard))
+            total += info["bytes"]
+            for dtype, size in info["dtypes"].items():
+                dtypes[dtype] = dtypes.get(dtype, 0) + size
+        main_dtype = max(dtypes, key=dtypes.get) if dtypes else None
+        return {"bytes": total, "source": f"safetensors headers ({len(shards)} files)",
+                "dtype": main_dtype}
+    if os.path.isfile(index_path):
+        try:
+            with open(index_path, encoding="utf-8") as handle:
+                index = json.load(handle)
+            total = int(index["metadata"]["total_size"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelError(f"{index_path}: no usable metadata.total_size ({exc})") from exc
+        if total <= 0:
+            raise ModelError(f"{index_path}: metadata.total_size is {total}; pass "
+                             "weights_bytes instead")
+        return {"bytes": total, "source": "model.safetensors.index.json metadata.total_size",
+                "dtype": None}
+    raise ModelError(f"{path}: no *.safetensors files and no model.safetensors.index.json; "
+                     "download the weights or pass weights_bytes")
+
+
+def _quantization(cfg):
+    quant = cfg.get("quantization_config")
+    if not quant:
+        return None
+    if not isinstance(quant, dict):
+        raise ModelError("quantization_config must be a mapping")
+    method = str(quant.get("quant_method") or "unknown").lower()
+    out = {"method": method}
+    bits = _first(quant, "bits", "w_bit", "num_bits")
+    if bits is None and method == "fp8":
+        bits = 8
+    if bits is not None:
+        out["bits"] = int(bits)
+    group = _first(quant, "group_size", "q_group_size")
+    if group is not None:
+        out["group_size"] = int(group)
+    if quant.get("weight_block_size"):
+        out["weight_block_size"] = list(quant["weight_block_size"])
+    if quant.get("format"):
+        out["format"] = quant["format"]
+    return out
+
+
+def _layer_kinds(cfg, num_layers, model_type):
+    """Per-layer attention kinds: list of "full" / "sliding", or raise."""
+    layer_types = cfg.get("layer_types")
+    window = cfg.get("sliding_window")
+    if layer_types:
+        if len(layer_types) != num_layers:
+            raise ModelError(f"layer_types has {len(layer_types)} entries for "
+                             f"{num_layers} layers")
+        kinds = []
+        for kind in layer_types:
+            if kind == FULL_LAYER:
+                kinds.append("full")
+            elif kind == SLIDING_LAYER:
+                if not window:
+                    raise ModelError("layer_types has sliding_attention but "
+                                     "sliding_window is not set")
+                kinds.append("sliding")
+            else:
+                raise UnsupportedModelError(
+                    f"layer type {kind!r} (e.g. Mamba or linear attention) is not modelled "
+                    "by gpufleet's tuner; only full_attention and sliding_attention are")
+        return kinds
+    # Qwen2-style configs carry sliding_window but switch it off (use_sliding_window
+    # false); vLLM then treats every layer as full attention.
+    if window and cfg.get("use_sliding_window", True) and model_type not in (
+            "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        if cfg.get("sliding_window_pattern") or model_type in ("gemma2", "gemma3_text"):
+            raise UnsupportedModelError(
+                f"{model_type} interleaves sliding and full layers but this config.json "
+                "has no layer_types list; gpufleet needs layer_types to know which "
+                "layers slide (newer transformers write it)")
+        return ["sliding"] * num_layers
+    return ["full"] * num_layers
+
+
+def _pooling_kind(architectures, model_type, has_st_files):
+    """Return (kind, native_pooling) where kind is "generative" or "pooling"."""
+    arch = architectures[0] if architectures else ""
+    if arch.endswith(GENERATIVE_SUFFIXES):
+        return ("pooling", False) if has_st_files else ("generative", False)
+    if arch.endswith(POOLING_SUFFIXES) or model_type in ENCODER_ONLY_MODEL_TYPES:
+        return "pooling", True
+    return ("pooling", False) if has_st_files else ("generative", False)
+
+
+def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=None,
+                    sentence_transformers=False, allow_unknown_architecture=False,
+                    name=None):
+    """Describe a model from its config.json mapping.
+
+    Returns a plain dict (see docs/tuning.md, "Model description"). Raises ModelError
+    naming the missing fields, UnsupportedModelError for attention kinds the tuner does
+    not model, and for an architecture outside KNOWN_MODEL_TYPES unless
+    allow_unknown_architecture is true.
+    """
+    if not isinstance(cfg, dict):
+        raise ModelError("model_config must be a mapping (the content of config.json)")
+    # Multimodal wrappers keep the language model's fields in text_config.
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    architectures = list(cfg.get("architectures") or [])
+    model_type = str(text.get("model_type") or cfg.get("model_type") or "")
+    if not architectures and not model_type:
+        raise ModelError("config.json names neither architectures nor model_type; the "
+                         "tuner needs: " + ", ".join(REQUIRED_FIELDS))
+    if model_type == "deepseek_v4" or "DeepseekV4ForCausalLM" in architectures or \
+            text.get("compress_ratios") is not None:
+        raise UnsupportedModelError(DEEPSEEK_V4_MISSING)
+
+    num_layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
+    num_heads = _first(text, "num_attention_heads", "n_head")
+    hidden = _first(text, "hidden_size", "n_embd", "d_model")
+    head_dim = text.get("head_dim")
+    max_pos = _first(text, "max_position_embeddings", "n_positions", "max_seq_len")
+    missing = [field for field, value in (
+        ("num_hidden_layers", num_layers), ("num_attention_heads", num_heads),
+        ("hidden_size (or head_dim)", hidden if head_dim is None else head_dim),
+        ("max_position_embeddings", max_pos)) if value is None]
+    if missing:
+        raise ModelError(f"config.json lacks {', '.join(missing)}; the tuner needs: "
+                         + ", ".join(REQUIRED_FIELDS))
+    known = model_type in KNOWN_MODEL_TYPES
+    if not known and not allow_unknown_architecture:
+        raise ModelError(
+            f"architecture {architectures or model_type!r} (model_type {model_type!r}) is "
+            "not in gpufleet's table, so its KV layout is not verified. The generic "
+            "decoder rule would use: " + ", ".join(REQUIRED_FIELDS) + ", and "
+            "num_key_value_heads. Set allow_unknown_architecture: true to use it.")
+    num_layers, num_heads = int(num_layers), int(num_heads)
+    # vllm/config/model.py get_total_num_kv_heads: first of these attributes.
+    kv_heads = _first(text, "n_head_kv", "num_kv_heads", "num_key_value_heads",
+                      "multi_query_group_num")
+    kv_heads = int(kv_heads) if kv_heads is not None else num_heads
+    head_size = int(head_dim) if head_dim is not None else int(hidden) // num_heads
+
+    st_files = bool(sentence_transformers)
+    kind, native_pooling = _pooling_kind(architectures, model_type, st_files)
+    encoder_only = model_type in ENCODER_ONLY_MODEL_TYPES
+    if text.get("kv_lora_rank") is not None:
+        attention = "mla"
+        layer_kinds = ["full"] * num_layers
+    elif encoder_only:
+        attention = "encoder_only"
+        layer_kinds = ["full"] * num_layers
+    else:
+        layer_kinds = _layer_kinds(text, num_layers, model_type)
+        if kv_heads == num_heads:
+            attention = "mha"
+        elif kv_heads == 1:
+            attention = "mqa"
+        else:
+            attention = "gqa"
+        if "sliding" in layer_kinds:
+            attention += "+sliding" if "full" in layer_kinds else "-sliding"
+
+    torch_dtype = str(_first(cfg, "torch_dtype", "dtype") or _first(
+        text, "torch_dtype", "dtype") or "")
+    if not torch_dtype and weights_dtype in SAFETENSORS_TO_TORCH:
+        torch_dtype = SAFETENSORS_TO_TORCH[weights_dtype]
+    num_experts = _first(text, "n_routed_experts", "num_local_experts", "num_experts")
+    desc = {
+        "name": name or (architectures[0] if architectures else model_type),
+        "architectures": architectures,
+        "model_type": model_type,
+        "known_architecture": known,
+        "kind": kind,
+        "native_pooling": native_pooling,
+        "sentence_transformers": st_files,
+        "attention": attention,
+        "num_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_kv_heads": kv_heads,
+        "head_size": head_size,
+        "layer_kinds": layer_kinds,
+        "sliding_window": int(text["sliding_window"]) if "sliding" in layer_kinds else None,
+        "kv_lora_rank": text.get("kv_lora_rank"),
+        "qk_rope_head_dim": text.get("qk_rope_head_dim"),
+        "hidden_size": int(hidden) if hidden is not None else None,
+        "intermediate_size": text.get("intermediate_size"),
+        "vocab_size": text.get("vocab_size"),
+        "max_position_embeddings": int(max_pos),
+        "rope_scaling": text.get("rope_scaling"),
+        "torch_dtype": torch_dtype or "bfloat16",
+        "torch_dtype_from_config": bool(torch_dtype),
+        "moe": {"num_experts": int(num_experts),
+                "experts_per_token": text.get("num_experts_per_tok")}
+        if num_experts else None,
+        "quantization": _quantization(cfg),
+        "weights_bytes": int(weights_bytes) if weights_bytes is not None else None,
+        "weights_source": weights_source,
+        "weights_dtype": weights_dtype,
+    }
+    return desc
+
+
+def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=None):
+    """Describe the model stored in a local folder (config.json + safetensors)."""
+    if not os.path.isdir(path):
+        raise ModelError(f"model_path {path} is not a directory")
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise ModelError(f"{path} has no config.json; point model_path at the folder that "
+                         "holds the model's config.json (a Hugging Face snapshot), or pass "
+                         "model_config and weights_bytes")
+    try:
+        with open(config_path, encoding="utf-8") as handle:
+            cfg = json.load(handle)
+    except ValueError as exc:
+        raise ModelError(f"{config_path} is not valid JSON: {exc}") from exc
+    if weights_bytes is None:
+        weights = weights_from_dir(path)
+    else:
+        weights = {"bytes": int(weights_bytes), "source": "weights_bytes option",
+                   "dtype": None}
+    st_files = any(os.path.isfile(os.path.join(path, f))
+                   for f in SENTENCE_TRANSFORMERS_FILES)
+    return describe_config(cfg, weights_bytes=weights["bytes"],
+                           weights_source=weights["source"], weights_dtype=weights["dtype"],
+                           sentence_transformers=st_files,
+                           allow_unknown_architecture=allow_unknown_architecture,
+                           name=os.path.basename(os.path.normpath(path)))
+
+
+def model_summary(desc):
+    """The description with per-layer kinds folded into counts, for reports."""
+    out = dict(desc)
+    counts = {}
+    for kind in desc.get("layer_kinds") or []:
+        counts[kind] = counts.get(kind, 0) + 1
+    out["layer_kinds"] = counts
+    return out

