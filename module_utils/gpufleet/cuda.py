@@ -574,6 +574,76 @@ def _toolkit_brand(brand, datacenter_gpu):
     return "tesla" if datacenter_gpu else "geforce"
 
 
+def _runtime_mode(driver_version, driver_cuda, required, min_driver, branch,
+                  datacenter_gpu, allow_forward_compat):
+    """Mode from the CUDA versions alone: (mode, forward_compat_possible, reason)."""
+    dv = parse_cuda_version(driver_cuda)
+    if required is None:
+        return "native", False, (f"No CUDA version is required; driver {driver_version} "
+                                 f"supports CUDA {driver_cuda}.")
+    rv = parse_cuda_version(required)
+    if dv >= rv:
+        return "native", False, (f"Driver {driver_version} supports CUDA {driver_cuda}, which "
+                                 f"covers the required CUDA {required} natively.")
+    floor = MINOR_VERSION_COMPAT_MIN_DRIVER.get(rv[0])
+    fc_possible = branch in _forward_compat_branches(required)
+    if dv[0] == rv[0] and floor and _dsl_compare_version(driver_version, ">=", floor) == 1:
+        return "minor_version", fc_possible, (
+            f"Driver {driver_version} supports CUDA {driver_cuda}, older than the required CUDA "
+            f"{required}; CUDA {rv[0]}.x minor-version compatibility (driver >= {floor}) runs it "
+            f"with a limited feature set: no JIT of PTX newer than CUDA {driver_cuda}, and APIs "
+            "that need a newer driver fail.")
+    if datacenter_gpu and fc_possible and allow_forward_compat:
+        return "forward_compat", True, (
+            f"Driver {driver_version} supports CUDA {driver_cuda}, older than the required CUDA "
+            f"{required}; on this data-center GPU the image's CUDA forward-compatibility "
+            f"libraries (cuda-compat) run CUDA {required} on branch {branch}.")
+    why = (f"Driver {driver_version} supports CUDA {driver_cuda}, but the image needs CUDA "
+           f"{required} (driver >= {min_driver or 'unknown'})")
+    if dv[0] != rv[0]:
+        why += f"; minor-version compatibility does not cross CUDA majors ({dv[0]} -> {rv[0]})"
+    if fc_possible and datacenter_gpu:
+        why += ("; forward compatibility could run it on this data-center GPU but "
+                "allow_forward_compat is false")
+    elif fc_possible:
+        why += "; forward compatibility needs a data-center GPU"
+    return "incompatible", fc_possible, why + "."
+
+
+def _toolkit_gate(requirements, ccs, driver_version, driver_cuda, toolkit_brand):
+    """nvidia-container-cli's verdict: every requirement, once per visible GPU
+    (configure.c configure_command), or once with no device.  (ok, first failure text)."""
+    for value in requirements:
+        for cc in (ccs or [None]):
+            ok, text = evaluate_require_cuda(value, driver_version, brand=toolkit_brand,
+                                             arch=cc, driver_cuda=driver_cuda)
+            if not ok:
+                return False, text
+    return True, None
+
+
+def _architecture_problems(ccs, required, branch, arch_list):
+    """Sentences for each GPU the toolkit, the driver branch or the image's kernels miss."""
+    problems = []
+    for cc in ccs:
+        name = _architecture(cc)
+        if required and not toolkit_supports_architecture(required, cc):
+            first, gone = TOOLKIT_ARCH_RANGE[cc]
+            dropped = gone and parse_cuda_version(required) >= parse_cuda_version(gone)
+            problems.append(f"CUDA {required} cannot run on compute capability {cc} ({name}): "
+                            + (f"CUDA {gone} dropped it." if dropped
+                               else f"support starts with CUDA {first}."))
+        if not branch_supports_architecture(branch, cc):
+            problems.append(f"Driver branch {branch} does not support compute capability {cc} "
+                            f"({name}); the last branch for {name} is "
+                            f"R{LAST_BRANCH_FOR_ARCHITECTURE[name]}.")
+        if arch_list is not None and not arch_list_covers(arch_list, cc):
+            problems.append(f"The image's kernels are built for {' '.join(arch_list)}, which does "
+                            f"not cover compute capability {cc} ({name}): the first kernel launch "
+                            "fails with 'no kernel image is available for execution on the device'.")
+    return problems
+
+
 def check(driver_version, compute_capabilities=(), cuda_version=None, require_cuda=None,
           image_arch_list=None, datacenter_gpu=False, allow_forward_compat=False, brand=None):
     """Decide whether a host can run a CUDA image; returns the cuda_compat result dict.
@@ -581,6 +651,8 @@ def check(driver_version, compute_capabilities=(), cuda_version=None, require_cu
     ``require_cuda`` is one NVIDIA_REQUIRE_CUDA value or a list of NVIDIA_REQUIRE_*
     values (all must hold, as the toolkit ANDs them).  ``cuda_version`` is the image's
     CUDA runtime ("13.0"); when absent it is read from the requirement's cuda>= term.
+    ``brand`` is the GPU brand as the toolkit reports it (TOOLKIT_BRANDS); by default
+    "tesla" for data-center GPUs and "geforce" otherwise.
     """
     parse_driver_version(driver_version)
     driver_version = str(driver_version).strip()
@@ -595,119 +667,58 @@ def check(driver_version, compute_capabilities=(), cuda_version=None, require_cu
     required = _cuda_str(parse_cuda_version(cuda_version)) if cuda_version else \
         _required_from_requirements(parsed)
 
-    reasons, suggestions = [], []
+    reasons, notes = [], []  # notes: caveats about the tables, said last
     if branch not in DRIVER_BRANCHES:
-        reasons.append(f"Driver branch {branch} is not in the branch table; it is assumed to "
+        notes.append(f"Driver branch {branch} is not in the branch table; it is assumed to "
                        f"support at least CUDA {driver_cuda}, like branch {_known_branch(branch)}.")
     min_driver = None
     if required:
         try:
             min_driver = min_driver_for_cuda(required)
         except ValueError:
-            reasons.append(f"CUDA {required} is not in NVIDIA's toolkit/driver table as known "
+            notes.append(f"CUDA {required} is not in NVIDIA's toolkit/driver table as known "
                            "here; its minimum driver is unknown.")
 
-    # 1. Runtime mode from the CUDA versions alone.
-    dv, rv = parse_cuda_version(driver_cuda), parse_cuda_version(required) if required else None
-    fc_possible = False
-    if rv is None or dv >= rv:
-        mode = "native"
-    else:
-        floor = MINOR_VERSION_COMPAT_MIN_DRIVER.get(rv[0])
-        if dv[0] == rv[0] and floor and _dsl_compare_version(driver_version, ">=", floor) == 1:
-            mode = "minor_version"
-        else:
-            mode = "incompatible"
-        fc_possible = branch in _forward_compat_branches(required)
-        if mode == "incompatible" and datacenter_gpu and fc_possible and allow_forward_compat:
-            mode = "forward_compat"
+    # 1. What the CUDA runtime in the container can do on this driver.
+    mode, fc_possible, runtime_reason = _runtime_mode(
+        driver_version, driver_cuda, required, min_driver, branch, datacenter_gpu,
+        allow_forward_compat)
 
-    runtime_reason_at = len(reasons)
-    if rv is None:
-        reasons.append(f"No CUDA version is required; driver {driver_version} supports CUDA "
-                       f"{driver_cuda}.")
-    elif mode == "native":
-        reasons.append(f"Driver {driver_version} supports CUDA {driver_cuda}, which covers the "
-                       f"required CUDA {required} natively.")
-    elif mode == "minor_version":
+    # 2. The container toolkit's requirement check: it runs first and blocks the start,
+    #    so when it refuses, no compatibility mode matters.
+    gate_ok, unsatisfied = _toolkit_gate(requirements, ccs, driver_version, driver_cuda,
+                                         toolkit_brand)
+    if not gate_ok:
         reasons.append(
-            f"Driver {driver_version} supports CUDA {driver_cuda}, older than the required CUDA "
-            f"{required}; CUDA {rv[0]}.x minor-version compatibility (driver >= "
-            f"{MINOR_VERSION_COMPAT_MIN_DRIVER[rv[0]]}) runs it with a limited feature set: no "
-            f"JIT of PTX newer than CUDA {driver_cuda}, and APIs that need a newer driver fail.")
-    elif mode == "forward_compat":
-        reasons.append(
-            f"Driver {driver_version} supports CUDA {driver_cuda}, older than the required CUDA "
-            f"{required}; on this data-center GPU the image's CUDA forward-compatibility "
-            f"libraries (cuda-compat) run CUDA {required} on branch {branch}.")
+            f"nvidia-container-cli refuses to start the container on driver {driver_version} "
+            f"with a {toolkit_brand} GPU: \"requirement error: {unsatisfied}\". This check runs "
+            "before any CUDA code, so minor-version or forward compatibility cannot help "
+            "unless the image's requirement admits this driver.")
+        if mode in ("minor_version", "forward_compat"):
+            runtime_reason = "Were the container started, this would apply: " + runtime_reason
+        reasons.append(runtime_reason)
+        mode = "incompatible"
     else:
-        why = (f"Driver {driver_version} supports CUDA {driver_cuda}, but the image needs CUDA "
-               f"{required} (driver >= {min_driver or 'unknown'})")
-        if dv[0] != rv[0]:
-            why += f"; minor-version compatibility does not cross CUDA majors ({dv[0]} -> {rv[0]})"
-        if fc_possible and datacenter_gpu:
-            why += ("; forward compatibility could run it on this data-center GPU but "
-                    "allow_forward_compat is false")
-        elif fc_possible:
-            why += "; forward compatibility needs a data-center GPU"
-        reasons.append(why + ".")
+        reasons.append(runtime_reason)
+        if requirements:
+            reasons.append(f"NVIDIA_REQUIRE_CUDA is satisfied for a {toolkit_brand} GPU on "
+                           f"driver {driver_version}: nvidia-container-cli will start the "
+                           "container.")
+        elif mode != "native":
+            reasons.append("No NVIDIA_REQUIRE_CUDA was given, so the container toolkit's own "
+                           "check was not evaluated.")
 
-    # 2. The container toolkit's requirement check (what actually blocks a start).
-    gate_ok, unsatisfied = True, None
-    for value in requirements:
-        for cc in (ccs or [None]):
-            ok, text = evaluate_require_cuda(value, driver_version, brand=toolkit_brand,
-                                             arch=cc, driver_cuda=driver_cuda)
-            if not ok and gate_ok:
-                gate_ok, unsatisfied = False, text
-    if requirements:
-        if gate_ok:
-            reasons.append(f"NVIDIA_REQUIRE_CUDA is satisfied for a {toolkit_brand} GPU on driver "
-                           f"{driver_version}: nvidia-container-cli will start the container.")
-        else:
-            reasons.append(
-                f"nvidia-container-cli refuses to start the container on driver "
-                f"{driver_version} with a {toolkit_brand} GPU: \"requirement error: "
-                f"{unsatisfied}\". This check runs before any CUDA code, so minor-version or "
-                "forward compatibility cannot help unless the image's requirement admits this "
-                "driver.")
-            if mode in ("minor_version", "forward_compat"):
-                reasons[runtime_reason_at] = "Were the container started, this would apply: " + \
-                    reasons[runtime_reason_at]
-            # the toolkit's refusal is the verdict: say it first
-            reasons.insert(runtime_reason_at, reasons.pop())
-            mode = "incompatible"
-    elif mode != "native" and rv is not None:
-        reasons.append("No NVIDIA_REQUIRE_CUDA was given, so the container toolkit's own check "
-                       "was not evaluated.")
-
-    # 3. GPU architecture against toolkit, driver branch and image kernels.
-    arch_ok = True
-    for cc in ccs:
-        name = _architecture(cc)
-        if required and not toolkit_supports_architecture(required, cc):
-            arch_ok = False
-            first, gone = TOOLKIT_ARCH_RANGE[cc]
-            reasons.append(f"CUDA {required} cannot run on compute capability {cc} ({name}): "
-                           + (f"CUDA {gone} dropped it." if gone and rv >= parse_cuda_version(gone)
-                              else f"support starts with CUDA {first}."))
-        if not branch_supports_architecture(branch, cc):
-            arch_ok = False
-            reasons.append(f"Driver branch {branch} does not support compute capability {cc} "
-                           f"({name}); the last branch for {name} is R"
-                           f"{LAST_BRANCH_FOR_ARCHITECTURE[name]}.")
-        if arch_list is not None and not arch_list_covers(arch_list, cc):
-            arch_ok = False
-            reasons.append(f"The image's kernels are built for {' '.join(arch_list)}, which does "
-                           f"not cover compute capability {cc} ({name}): the first kernel launch "
-                           "fails with 'no kernel image is available for execution on the device'.")
-    if not arch_ok:
+    # 3. GPU architecture against the toolkit, the driver branch and the image's kernels.
+    problems = _architecture_problems(ccs, required, branch, arch_list)
+    reasons.extend(problems + notes)
+    if problems:
         mode = "incompatible"
 
     compatible = mode != "incompatible"
+    suggestions = []
     if not compatible:
-        suggestions = _suggestions(driver_version, driver_cuda, required, rv, dv, ccs,
-                                   datacenter_gpu, fc_possible, gate_ok, arch_list, min_driver)
+        suggestions = _suggestions(driver_version, driver_cuda, required, ccs, datacenter_gpu,
+                                   fc_possible, gate_ok, arch_list, min_driver)
     elif mode == "forward_compat":
         suggestions.append("Start vLLM images with VLLM_ENABLE_CUDA_COMPATIBILITY=1 so they load "
                            "the bundled cuda-compat libraries.")
@@ -729,9 +740,12 @@ def check(driver_version, compute_capabilities=(), cuda_version=None, require_cu
     }
 
 
-def _suggestions(driver_version, driver_cuda, required, rv, dv, ccs, datacenter_gpu,
+def _suggestions(driver_version, driver_cuda, required, ccs, datacenter_gpu,
                  fc_possible, gate_ok, arch_list, min_driver):
+    """Concrete fixes for an incompatible verdict, most direct first."""
     out = []
+    dv = parse_cuda_version(driver_cuda)
+    rv = parse_cuda_version(required) if required else None
     dropped = [cc for cc in ccs if required and not toolkit_supports_architecture(required, cc)]
     if rv is not None and (dv < rv or not gate_ok):
         out.append(f"Use an image built for CUDA {driver_cuda} or older (read its CUDA_VERSION / "
@@ -750,8 +764,8 @@ def _suggestions(driver_version, driver_cuda, required, rv, dv, ccs, datacenter_
             if not blocked:
                 out.append(f"Or install driver branch {target} (>= {min_driver}).")
         if datacenter_gpu and fc_possible and dv < rv:
-            out.append(f"Or, on this data-center GPU, allow forward compatibility "
-                       f"(allow_forward_compat: true) and start vLLM images with "
+            out.append("Or, on this data-center GPU, allow forward compatibility "
+                       "(allow_forward_compat: true) and start vLLM images with "
                        "VLLM_ENABLE_CUDA_COMPATIBILITY=1.")
         elif not gate_ok and dv[0] == rv[0]:
             out.append("Or set NVIDIA_DISABLE_REQUIRE=1 on the container to skip the toolkit's "
