@@ -1,0 +1,170 @@
+"""Tests of the hf_model module: main() through tests/helpers.run_module, and real
+`ansible` runs (token never shown, kill halfway then resume).
+
+The hub is tests/hfstub/server.py, a STAND-IN for a Hugging Face mirror on 127.0.0.1.
+"""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import hf_model
+from helpers import run_module
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from hfstub.server import HubStub, Repo  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TOKEN = "hf_gpufleetTestTokenDoNotLeak42"
+FILES = {
+    "config.json": b'{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}',
+    "tokenizer.json": b'{"version": "1.0"}' * 200,
+    "model.safetensors": os.urandom(2 << 20),
+}
+
+
+@pytest.fixture
+def stub():
+    with HubStub([Repo("org/tiny", FILES)], token=TOKEN) as s:
+        yield s
+
+
+def args(stub, dest, **kw):
+    a = {"repo_id": "org/tiny", "dest": str(dest), "endpoint": stub.url, "token": TOKEN}
+    a.update(kw)
+    return a
+
+
+def test_module_fetch_check_and_rerun(stub, tmp_path, monkeypatch):
+    dest = tmp_path / "tiny"
+    res, failed = run_module(hf_model.main, args(stub, dest), monkeypatch, check_mode=True)
+    assert not failed and res["changed"] is True and not dest.exists()
+    assert {f["status"] for f in res["files"]} == {"would_download"}
+
+    res, failed = run_module(hf_model.main, args(stub, dest), monkeypatch)
+    assert not failed and res["changed"] is True
+    assert res["commit"] == stub.repos["org/tiny"].commit
+    assert res["bytes_downloaded"] == sum(len(v) for v in FILES.values())
+    for path, data in FILES.items():
+        assert (dest / path).read_bytes() == data
+
+    res, failed = run_module(hf_model.main, args(stub, dest), monkeypatch)
+    assert not failed and res["changed"] is False and res["bytes_downloaded"] == 0
+    res, failed = run_module(hf_model.main, args(stub, dest), monkeypatch, check_mode=True)
+    assert not failed and res["changed"] is False
+
+
+def test_module_endpoint_from_hf_endpoint_env(stub, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", stub.url + "/")
+    a = args(stub, tmp_path / "m", allow_patterns=["*.json"])
+    del a["endpoint"]
+    res, failed = run_module(hf_model.main, a, monkeypatch)
+    assert not failed and sorted(f["path"] for f in res["files"]) == ["config.json",
+                                                                     "tokenizer.json"]
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ({"repo_id": "not a repo"}, "repo_id"),
+    ({"endpoint": "hf-mirror.com"}, "not an http"),
+    ({"max_workers": 0}, "max_workers"),
+    ({"timeout": 0}, "timeout"),
+    ({"revision": "nope"}, "RevisionNotFound"),
+    ({"token": "wrong"}, "401"),
+])
+def test_module_bad_input_fails_clearly_and_writes_nothing(stub, tmp_path, monkeypatch, bad, msg):
+    res, failed = run_module(hf_model.main, args(stub, tmp_path / "m", **bad), monkeypatch)
+    assert failed and msg in res["msg"]
+    assert not (tmp_path / "m").exists()
+
+
+def _ansible(module_args, env=None, **popen):
+    cmd = [str(ROOT / ".venv/bin/ansible"), "localhost", "-i", "localhost,", "-c", "local",
+           "-e", f"ansible_python_interpreter={ROOT / '.venv/bin/python'}", "-m", "hf_model",
+           "-a", json.dumps(module_args), "-vvv"]
+    full_env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), **(env or {}))
+    return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def _kill_tree(proc):
+    """SIGKILL proc and every descendant (ansible's local connection runs the module in
+    its own session, so a process-group kill misses it)."""
+    children = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, tree = [proc.pid], []
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.communicate(timeout=30)
+
+
+def test_token_never_appears_in_output_log_or_files(stub, tmp_path):
+    """Issue 6 'must show': grep every output, log and written file for the token."""
+    log = tmp_path / "ansible.log"
+    dest = tmp_path / "tiny"
+    outputs = []
+    for a in (args(stub, dest), args(stub, dest, verify="full"),
+              args(stub, dest, revision="no-such-branch")):
+        proc = _ansible(a, env={"ANSIBLE_LOG_PATH": str(log)})
+        out, _ = proc.communicate(timeout=120)
+        outputs.append(out)
+    assert '"changed": true' in outputs[0] or "CHANGED" in outputs[0], outputs[0][-2000:]
+    assert "SUCCESS" in outputs[1] and "RevisionNotFound" in outputs[2]
+    assert f"Bearer {TOKEN}" in stub.seen_auth  # it was used ...
+    for out in outputs:  # ... and never shown
+        assert TOKEN not in out
+    assert log.exists() and TOKEN not in log.read_text()
+    for p in tmp_path.rglob("*"):
+        if p.is_file():
+            assert TOKEN.encode() not in p.read_bytes(), p
+
+
+def test_kill_halfway_then_resume_downloads_less(tmp_path, monkeypatch):
+    """Issue 6 'must show': kill the download halfway; the next run resumes."""
+    big = os.urandom(24 << 20)
+    files = {"config.json": b"{}", "model.safetensors": big}
+    dest = tmp_path / "m"
+    with HubStub([Repo("org/big", files)], throttle_bps=6 << 20) as s:
+        a = {"repo_id": "org/big", "dest": str(dest), "endpoint": s.url}
+        proc = _ansible(a)
+        incomplete = dest / ".gpufleet" / "incomplete"
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline:
+                sizes = [p.stat().st_size for p in incomplete.glob("*.incomplete")] \
+                    if incomplete.exists() else []
+                if sizes and max(sizes) >= len(big) // 2:
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("the download never reached half")
+        finally:
+            _kill_tree(proc)
+        assert not (dest / "model.safetensors").exists()  # never under its final name
+        kept = max(p.stat().st_size for p in incomplete.glob("*.incomplete"))
+        assert kept >= len(big) // 2
+
+        s.throttle_bps = None
+        res, failed = run_module(hf_model.main, a, monkeypatch)
+    assert not failed, res
+    assert res["changed"] is True
+    assert 0 < res["bytes_downloaded"] <= len(big) - kept + len(files["config.json"])
+    assert res["bytes_downloaded"] < len(big)
+    assert (dest / "model.safetensors").read_bytes() == big
+    assert not list(incomplete.glob("*.incomplete"))
