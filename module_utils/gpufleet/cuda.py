@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import re
 
+from .gpu import architecture_for  # the project's one compute capability -> name table
+
 # ---------------------------------------------------------------------------------------
 # Tables
 # ---------------------------------------------------------------------------------------
@@ -108,6 +110,10 @@ DRIVER_BRANCHES = {
 # will be the last to support GPUs based on the Maxwell, Pascal, and Volta
 # architectures"; R470 was the last branch for Kepler.
 LAST_BRANCH_FOR_ARCHITECTURE = {"kepler": 470, "maxwell": 580, "pascal": 580, "volta": 580}
+for _branch, _row in DRIVER_BRANCHES.items():
+    _row["last_for_architectures"] = sorted(
+        a for a, last in LAST_BRANCH_FOR_ARCHITECTURE.items() if last == _branch)
+del _branch, _row
 
 # Which compute capabilities a CUDA toolkit can build for: (first CUDA, first CUDA
 # without it).  Source: mesonbuild/meson mesonbuild/modules/cuda.py `_MICROISA_RANGES_DEF`
@@ -140,15 +146,6 @@ FORWARD_COMPAT_BRANCHES = {
     "12.9": (535, 550, 560, 565, 570),
     "13.0": (535, 550, 565, 570, 575),
 }
-
-# Private, minimal architecture names for messages.  TODO: use
-# gpufleet.gpu.architecture_for() once module_utils/gpufleet/gpu.py exists.
-_ARCH_NAMES = (
-    ("3.", "kepler"), ("5.", "maxwell"), ("6.", "pascal"), ("7.0", "volta"),
-    ("7.2", "volta"), ("7.5", "turing"), ("8.0", "ampere"), ("8.6", "ampere"),
-    ("8.7", "ampere"), ("8.9", "ada"), ("9.", "hopper"), ("10.", "blackwell"),
-    ("11.", "blackwell"), ("12.", "blackwell"),
-)
 
 MODES = ("native", "minor_version", "forward_compat", "incompatible")
 
@@ -198,15 +195,8 @@ def parse_compute_capability(cc):
 
 
 def _architecture(cc):
-    try:  # prefer the shared table when the gpu module exists
-        from gpufleet.gpu import architecture_for  # pragma: no cover
-        return architecture_for(cc)  # pragma: no cover
-    except ImportError:
-        pass
-    for prefix, name in _ARCH_NAMES:
-        if cc == prefix or (prefix.endswith(".") and cc.startswith(prefix)):
-            return name
-    return "unknown"
+    """Lower-case architecture name of a compute capability ("8.9" -> "ada")."""
+    return architecture_for(cc) or "unknown"
 
 
 def branch_of(driver_version):

@@ -119,6 +119,21 @@ def test_branch_helpers():
     assert not cuda.branch_supports_architecture(535, "3.7")
 
 
+def test_branch_table_names_the_last_branch_per_architecture():
+    assert cuda.DRIVER_BRANCHES[580]["last_for_architectures"] == ["maxwell", "pascal", "volta"]
+    assert cuda.DRIVER_BRANCHES[470]["last_for_architectures"] == ["kepler"]
+    assert cuda.DRIVER_BRANCHES[535]["lifecycle"] == "LTSB"
+
+
+@pytest.mark.parametrize("cc,name", [
+    ("5.2", "maxwell"), ("6.1", "pascal"), ("7.0", "volta"), ("7.5", "turing"),
+    ("8.0", "ampere"), ("8.6", "ampere"), ("8.9", "ada"), ("9.0", "hopper"),
+    ("10.0", "blackwell"), ("12.0", "blackwell"), ("3.7", "kepler"),
+])
+def test_architecture_names(cc, name):
+    assert cuda._architecture(cc) == name
+
+
 @pytest.mark.parametrize("version,cc,ok", [
     # CUDA 13.0 release notes: Maxwell, Pascal and Volta removed from the toolkit
     ("13.0", "7.0", False), ("13.0", "6.1", False), ("12.9", "7.0", True),
