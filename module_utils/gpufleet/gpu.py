@@ -640,7 +640,7 @@ def fleet_capture(xml_text, count, driver_version=None, cuda_version=None,
     The first <gpu> of `xml_text` is replicated `count` times with distinct
     minor_number (0..count-1), uuid (a UUIDv5 of the original uuid and the index,
     so the result is deterministic), serial, and PCI bus (the capture's bus, then
-    +0x10 per GPU). driver_version / cuda_version replace the document's (and the
+    +0x10 per GPU; device and function kept). driver_version / cuda_version replace the document's (and the
     GSP firmware version when it equalled the driver version). mig_mode=False turns
     MIG off (current/pending "Disabled", no MIG devices), True on. The result
     starts with an XML comment saying it is derived, so it is never mistaken for a
@@ -665,13 +665,14 @@ def fleet_capture(xml_text, count, driver_version=None, cuda_version=None,
 
     bus_id = _bus_id(_value(template, "pci/pci_bus_id") or template.get("id")
                      or "00000000:01:00.0")
-    domain, bus = bus_id.split(":")[0], int(bus_id.split(":")[1], 16)
+    domain, bus, slot = bus_id.split(":")
+    bus = int(bus, 16)
     base_uuid = _value(template, "uuid") or "GPU-00000000-0000-0000-0000-000000000000"
     serial = _value(template, "serial")
     for index in range(count):
         gpu = copy.deepcopy(template)
         this_bus = (bus + 0x10 * index) % 0x100
-        this_id = "%s:%02X:00.0" % (domain, this_bus)
+        this_id = "%s:%02X:%s" % (domain, this_bus, slot)
         gpu.set("id", this_id)
         _set_existing(gpu, "pci/pci_bus_id", this_id)
         _set_existing(gpu, "pci/pci_bus", "%02X" % this_bus)
