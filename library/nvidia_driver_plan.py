@@ -1,0 +1,163 @@
+#!/usr/bin/python
+"""Ansible module nvidia_driver_plan: decide the NVIDIA driver packages for a host."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: nvidia_driver_plan
+short_description: Plan the NVIDIA driver install for a host (repository, flavour, packages, version)
+description:
+  - Decides, without changing anything, what the C(nvidia_driver) role installs - the
+    CUDA repository (NVIDIA's or a mirror) for the distribution, open or proprietary
+    kernel modules from the GPUs' compute capabilities, the branch's packages with an
+    exact version, the packages of other branches to remove and the packages to hold.
+  - Reads the repository's C(Packages) index (apt) or C(repomd.xml) (dnf) first, so an
+    unreachable mirror, an unknown branch, a branch that dropped the GPU or a version the
+    repository lacks fail here, before any change.
+  - Never plans a newer version than the installed one unless O(version) or O(upgrade)
+    asks for it.
+  - Logic lives in module_utils/gpufleet/hoststack.py.
+options:
+  branch:
+    description: Driver branch, for example C(580).
+    type: str
+    required: true
+  version:
+    description:
+      - Exact driver version of the branch (C(580.65.06)). Empty keeps the installed
+        version of the branch, or takes the newest the repository has when none is.
+    type: str
+    default: ""
+  upgrade:
+    description: Move to the newest version of the branch the repository has.
+    type: bool
+    default: false
+  kernel_module:
+    description: C(auto) chooses open modules for Turing and newer, proprietary for older GPUs.
+    type: str
+    choices: [auto, open, proprietary]
+    default: auto
+  devices:
+    description: C(ansible_facts.gpu.devices) (each with C(compute_capability)).
+    type: list
+    elements: dict
+    default: []
+  fabricmanager:
+    description: Also install fabric manager of the same version (NVSwitch systems).
+    type: bool
+    default: false
+  distribution:
+    description: C(ansible_facts.distribution), for example C(Ubuntu).
+    type: str
+    required: true
+  distribution_version:
+    description: C(ansible_facts.distribution_version), for example C(24.04).
+    type: str
+    required: true
+  architecture:
+    description: C(ansible_facts.architecture), C(x86_64) or C(aarch64).
+    type: str
+    required: true
+  repo_url:
+    description: Mirror of NVIDIA's CUDA repository for this distribution; empty uses NVIDIA's.
+    type: str
+    default: ""
+  installed:
+    description: C(ansible_facts.packages) from M(ansible.builtin.package_facts).
+    type: dict
+    default: {}
+  timeout:
+    description: Seconds to wait for the repository.
+    type: int
+    default: 15
+attributes:
+  check_mode:
+    support: full
+    description: The module only reads; it behaves the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing changes, so there is nothing to diff.
+author:
+  - gpufleet
+"""
+
+EXAMPLES = r"""
+- name: Plan the driver from the PCI facts
+  nvidia_driver_plan:
+    branch: "580"
+    devices: "{{ ansible_facts.gpu.devices }}"
+    distribution: "{{ ansible_facts.distribution }}"
+    distribution_version: "{{ ansible_facts.distribution_version }}"
+    architecture: "{{ ansible_facts.architecture }}"
+    installed: "{{ ansible_facts.packages }}"
+    repo_url: http://mirror.example.internal/cuda/ubuntu2404/x86_64/
+  register: plan
+"""
+
+RETURN = r"""
+repo:
+  description: The repository (name, manager apt/dnf, url, key_url, probe_url).
+  type: dict
+  returned: always
+  sample: {"name": "debian12", "manager": "apt", "url": "http://127.0.0.1:8081/cuda/debian12/x86_64/"}
+plan:
+  description: What to do.
+  type: dict
+  returned: always
+  contains:
+    flavor: {description: open or proprietary kernel modules., type: str, sample: open}
+    meta: {description: The branch's meta package., type: str, sample: nvidia-open-580}
+    install: {description: Package specs to install (apt with =version)., type: list, elements: str,
+              sample: ["nvidia-open-580=580.95.05-1"]}
+    remove: {description: Installed driver metas of another branch or flavour., type: list, elements: str}
+    hold: {description: Packages to hold (apt-mark hold / dnf versionlock)., type: list, elements: str}
+    version: {description: Package version to install; null when the package manager decides (dnf)., type: str}
+    driver_version: {description: The driver version that will be installed., type: str, sample: 580.95.05}
+    installed_version: {description: The meta's installed version, null when absent., type: str}
+    stream: {description: DNF module stream (dnf only)., type: str, sample: 580-open}
+    changes: {description: Whether the driver packages will change., type: bool}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.text.converters import to_text
+from ansible.module_utils.gpufleet.hoststack import (
+    HostStackError, cuda_repo, kernel_module_flavor, plan_driver, read_repository)
+from ansible.module_utils.urls import open_url
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            branch=dict(type="str", required=True),
+            version=dict(type="str", default=""),
+            upgrade=dict(type="bool", default=False),
+            kernel_module=dict(type="str", default="auto", choices=["auto", "open", "proprietary"]),
+            devices=dict(type="list", elements="dict", default=[]),
+            fabricmanager=dict(type="bool", default=False),
+            distribution=dict(type="str", required=True),
+            distribution_version=dict(type="str", required=True),
+            architecture=dict(type="str", required=True),
+            repo_url=dict(type="str", default=""),
+            installed=dict(type="dict", default={}),
+            timeout=dict(type="int", default=15),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+
+    def fetch(url):
+        return to_text(open_url(url, timeout=p["timeout"]).read())
+
+    try:
+        flavor = kernel_module_flavor(p["branch"], p["devices"], p["kernel_module"])
+        repo = cuda_repo(p["distribution"], p["distribution_version"], p["architecture"], p["repo_url"])
+        available = read_repository(repo, fetch, "nvidia_driver_repo_url")
+        plan = plan_driver(repo["manager"], p["branch"], p["version"], p["upgrade"], flavor,
+                           p["fabricmanager"], p["installed"], available)
+    except HostStackError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, repo=repo, plan=plan)
+
+
+if __name__ == "__main__":
+    main()
