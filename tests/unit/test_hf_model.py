@@ -14,6 +14,7 @@ import time
 import pytest
 
 import hf_model
+from gpufleet import hub
 from helpers import run_module
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
@@ -168,3 +169,64 @@ def test_kill_halfway_then_resume_downloads_less(tmp_path, monkeypatch):
     assert res["bytes_downloaded"] < len(big)
     assert (dest / "model.safetensors").read_bytes() == big
     assert not list(incomplete.glob("*.incomplete"))
+
+
+@pytest.mark.slow
+def test_against_olah_offline_mirror(tmp_path, monkeypatch):
+    """Issue 'must show': hf_model against olah (a real mirror, offline over a local git
+    repo with git-lfs) downloads LFS and non-LFS files, every hash equals the listing
+    and git's own, and a second run reports changed: false."""
+    import hashlib
+
+    import requests
+
+    from hfstub.olahlab import Olah, git_lfs_repo
+
+    files = {"config.json": FILES["config.json"], "tokenizer/vocab.txt": b"a\nb\nc\n" * 500,
+             "model-00001-of-00002.safetensors": os.urandom(3 << 20),
+             "model-00002-of-00002.safetensors": os.urandom(1 << 20)}
+    repo_dir = tmp_path / "mirrors/models/lab/tiny"
+    commit = git_lfs_repo(repo_dir, files)
+    dest = tmp_path / "dest"
+    with Olah(tmp_path) as url:
+        a = {"repo_id": "lab/tiny", "dest": str(dest), "endpoint": url, "max_workers": 4}
+        listing = requests.get(f"{url}/api/models/lab/tiny/tree/{commit}",
+                               params={"recursive": "true"}, timeout=30).json()
+        res, failed = run_module(hf_model.main, a, monkeypatch)
+        assert not failed, res
+        assert res["changed"] is True and res["commit"] == commit
+        by_path = {f["path"]: f for f in res["files"]}
+        assert set(by_path) == set(files) | {".gitattributes"}
+        for row in listing:
+            if row["type"] != "file":
+                continue
+            f = by_path[row["path"]]
+            data = (dest / row["path"]).read_bytes()
+            if "lfs" in row:
+                assert f["algorithm"] == "sha256"
+                assert f["digest"] == row["lfs"]["oid"] == hashlib.sha256(data).hexdigest()
+            else:
+                git_oid = subprocess.run(["git", "hash-object", str(dest / row["path"])],
+                                         capture_output=True, text=True, check=True).stdout.strip()
+                assert f["algorithm"] == "sha1" and f["digest"] == row["oid"] == git_oid
+            if row["path"] in files:
+                assert data == files[row["path"]]
+
+        again, failed = run_module(hf_model.main, a, monkeypatch)
+        assert not failed and again["changed"] is False and again["bytes_downloaded"] == 0
+        full, failed = run_module(hf_model.main, dict(a, verify="full"), monkeypatch)
+        assert not failed and full["changed"] is False
+        assert full["bytes_verified"] == sum(f["size"] for f in res["files"])
+
+        # olah ignores Range: a partial file is restarted, and still verified
+        os.unlink(dest / "model-00002-of-00002.safetensors")
+        (dest / ".gpufleet/manifest.json").unlink()
+        f2 = by_path["model-00002-of-00002.safetensors"]
+        part = pathlib.Path(hub.Fetcher(None, "lab/tiny", commit, str(dest)).partial_path(
+            hub.RepoFile(f2["path"], f2["size"], f2["algorithm"], f2["digest"])))
+        part.write_bytes(files["model-00002-of-00002.safetensors"][:1000])
+        res3, failed = run_module(hf_model.main, a, monkeypatch)
+        assert not failed and res3["changed"] is True
+        assert res3["bytes_downloaded"] == 1 << 20
+        assert (dest / "model-00002-of-00002.safetensors").read_bytes() == \
+            files["model-00002-of-00002.safetensors"]
