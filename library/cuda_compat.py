@@ -49,9 +49,11 @@ options:
     default: false
   brand:
     description:
-      - GPU brand as nvidia-container-cli reports it (quadro, tesla, nvs, grid, geforce,
-        titan, unknown; A100/H100/L40S report unknown). Default tesla when
-        O(datacenter_gpu) is true, geforce otherwise.
+      - GPU brand, as nvidia-smi prints it (C(Product Brand), for example C(GeForce),
+        C(NVIDIA), C(NVIDIA RTX)) or as nvidia-container-cli reports it (quadro, tesla,
+        nvs, grid, geforce, titan, unknown). Brand conditions of C(NVIDIA_REQUIRE_CUDA) are
+        evaluated with it; A100/H100/L40S (C(NVIDIA)) count as unknown.
+      - Default tesla when O(datacenter_gpu) is true, geforce otherwise.
     type: str
   allow_forward_compat:
     description: Accept forward compatibility (cuda-compat libraries, C(VLLM_ENABLE_CUDA_COMPATIBILITY=1)) as compatible.

@@ -76,13 +76,17 @@ MINOR_VERSION_COMPAT_MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65
 # Driver branches.  cuda: what nvidia-smi's "CUDA Version" shows for every driver of the
 # branch (NVML nvmlSystemGetCudaDriverVersion); min_driver: the branch's first Linux
 # release, which is the toolkit GA driver of Table 3 where the branch shipped with a
-# toolkit (565 shipped without one: 565.57.01 reports CUDA 12.7); lifecycle/eol: the
-# data-center driver lifecycle page (docs.nvidia.com/datacenter/tesla/drivers/),
-# None where this project has not checked it.
+# toolkit (565 shipped without one: 565.57.01 reports CUDA 12.7).
+# lifecycle/eol: NVIDIA Data Center Drivers, "Supported Drivers and CUDA Toolkit
+# Versions", Table 2 (docs.nvidia.com/datacenter/tesla/drivers/615/ and /620/:
+# R535 LTSB EOL June 2026, R580 LTSB June 2028, R595 Production March 2027, R610 New
+# Feature August 2026) and its 2021 PDF edition (R450 LTSB July 2023, R460 Production
+# January 2022, R455 evaluation); R470 and R570 from the project's notes
+# (/work/shared/notes/gpu-cuda-facts.md); None where not checked.
 DRIVER_BRANCHES = {
     450: {"cuda": "11.0", "min_driver": "450.51.05", "lifecycle": "LTSB", "eol": "2023-07"},
-    455: {"cuda": "11.1", "min_driver": "455.23", "lifecycle": None, "eol": None},
-    460: {"cuda": "11.2", "min_driver": "460.27.03", "lifecycle": None, "eol": None},
+    455: {"cuda": "11.1", "min_driver": "455.23", "lifecycle": "evaluation", "eol": None},
+    460: {"cuda": "11.2", "min_driver": "460.27.03", "lifecycle": "production", "eol": "2022-01"},
     465: {"cuda": "11.3", "min_driver": "465.19.01", "lifecycle": None, "eol": None},
     470: {"cuda": "11.4", "min_driver": "470.42.01", "lifecycle": "LTSB", "eol": "2024-07"},
     495: {"cuda": "11.5", "min_driver": "495.29.05", "lifecycle": None, "eol": None},
@@ -93,16 +97,16 @@ DRIVER_BRANCHES = {
     530: {"cuda": "12.1", "min_driver": "530.30.02", "lifecycle": None, "eol": None},
     535: {"cuda": "12.2", "min_driver": "535.54.03", "lifecycle": "LTSB", "eol": "2026-06"},
     545: {"cuda": "12.3", "min_driver": "545.23.06", "lifecycle": None, "eol": None},
-    550: {"cuda": "12.4", "min_driver": "550.54.14", "lifecycle": "production", "eol": None},
+    550: {"cuda": "12.4", "min_driver": "550.54.14", "lifecycle": None, "eol": None},
     555: {"cuda": "12.5", "min_driver": "555.42.02", "lifecycle": None, "eol": None},
     560: {"cuda": "12.6", "min_driver": "560.28.03", "lifecycle": None, "eol": None},
     565: {"cuda": "12.7", "min_driver": "565.57.01", "lifecycle": None, "eol": None},
     570: {"cuda": "12.8", "min_driver": "570.26", "lifecycle": "production", "eol": "2026-02"},
     575: {"cuda": "12.9", "min_driver": "575.51.03", "lifecycle": None, "eol": None},
-    580: {"cuda": "13.0", "min_driver": "580.65.06", "lifecycle": "LTSB", "eol": "2028-08"},
+    580: {"cuda": "13.0", "min_driver": "580.65.06", "lifecycle": "LTSB", "eol": "2028-06"},
     590: {"cuda": "13.1", "min_driver": "590.44.01", "lifecycle": None, "eol": None},
-    595: {"cuda": "13.2", "min_driver": "595.45.04", "lifecycle": "production", "eol": None},
-    610: {"cuda": "13.3", "min_driver": "610.43.02", "lifecycle": "new feature", "eol": None},
+    595: {"cuda": "13.2", "min_driver": "595.45.04", "lifecycle": "production", "eol": "2027-03"},
+    610: {"cuda": "13.3", "min_driver": "610.43.02", "lifecycle": "new feature", "eol": "2026-08"},
 }
 
 # Last driver branch that supports an architecture.  Sources: NVIDIA "Unix graphics
@@ -552,13 +556,32 @@ def _forward_compat_branches(required):
     return FORWARD_COMPAT_BRANCHES[_cuda_str(pick)]
 
 
+# nvidia-smi's "Product Brand" (NVML nvmlBrandType_t names) for brands that
+# libnvidia-container reports as "Unknown" (src/driver.c maps only Quadro, Tesla, NVS,
+# GRID, GeForce and TITAN).  Seen in the captures under tests/fixtures/nvidia-smi:
+# "NVIDIA" (A100, T4 on recent drivers), "NVIDIA RTX" (RTX A5000).
+_UNKNOWN_TO_TOOLKIT = ("nvidia", "nvidia rtx", "quadro rtx", "geforce rtx", "titan rtx",
+                       "nvidia vapps", "nvidia virtual pc", "nvidia virtual compute server",
+                       "nvidia rtx virtual workstation", "nvidia cloud gaming")
+
+
+def toolkit_brand(product_brand):
+    """The brand nvidia-container-cli compares against ``brand=`` conditions, from
+    nvidia-smi's Product Brand ("GeForce" -> "geforce", "NVIDIA" -> "unknown")."""
+    b = " ".join(str(product_brand or "").split()).lower()
+    if b in TOOLKIT_BRANDS:
+        return b
+    if b in _UNKNOWN_TO_TOOLKIT:
+        return "unknown"
+    raise ValueError(
+        f"brand {product_brand!r} is not a GPU brand nvidia-smi or nvidia-container-cli "
+        f"reports; use nvidia-smi's Product Brand (GeForce, Tesla, NVIDIA, NVIDIA RTX, ...) or "
+        f"one of {', '.join(TOOLKIT_BRANDS)}")
+
+
 def _toolkit_brand(brand, datacenter_gpu):
     if brand:
-        b = str(brand).strip().lower()
-        if b not in TOOLKIT_BRANDS:
-            raise ValueError(f"brand {brand!r} is not one nvidia-container-cli reports; use one "
-                             f"of {', '.join(TOOLKIT_BRANDS)} (H100/A100/L40S report 'unknown')")
-        return b
+        return toolkit_brand(brand)
     # Data-center GPUs report Tesla (V100, T4) or a brand libnvidia-container maps to
     # "Unknown" (A100, H100: NVML_BRAND_NVIDIA); NVIDIA's images list both alike.
     return "tesla" if datacenter_gpu else "geforce"
@@ -641,8 +664,8 @@ def check(driver_version, compute_capabilities=(), cuda_version=None, require_cu
     ``require_cuda`` is one NVIDIA_REQUIRE_CUDA value or a list of NVIDIA_REQUIRE_*
     values (all must hold, as the toolkit ANDs them).  ``cuda_version`` is the image's
     CUDA runtime ("13.0"); when absent it is read from the requirement's cuda>= term.
-    ``brand`` is the GPU brand as the toolkit reports it (TOOLKIT_BRANDS); by default
-    "tesla" for data-center GPUs and "geforce" otherwise.
+    ``brand`` is nvidia-smi's Product Brand or the toolkit's brand (see toolkit_brand());
+    by default "tesla" for data-center GPUs and "geforce" otherwise.
     """
     parse_driver_version(driver_version)
     driver_version = str(driver_version).strip()

@@ -9,11 +9,12 @@ import json
 import shutil
 import subprocess
 import uuid
+import xml.etree.ElementTree as ET
 
 import pytest
 
 from conftest import FIXTURES
-from gpufleet import cuda
+from gpufleet import cuda, gpu
 from helpers import run_module
 
 import cuda_compat
@@ -83,6 +84,66 @@ def test_min_driver_rejects_unreleased_and_unknown_updates():
 ])
 def test_driver_cuda_version_matches_nvidia_smi(driver, expected, source):
     assert cuda.driver_cuda_version(driver) == expected, source
+
+
+# captures that carry a driver version (one RTX PRO 6000 capture has none)
+NVSMI = [p for p in sorted((FIXTURES / "nvidia-smi").glob("*.xml"))
+         if "<driver_version>" in p.read_text()]
+
+
+def _capture(path):
+    """(gpu facts, nvidia-smi Product Brand of GPU 0) of a real nvidia-smi -q -x capture."""
+    text = path.read_text()
+    brand = ET.fromstring(text).findtext("gpu/product_brand")
+    return gpu.parse_nvidia_smi_xml(text), brand
+
+
+@pytest.mark.parametrize("path", NVSMI, ids=[p.name for p in NVSMI])
+def test_branch_table_matches_real_nvidia_smi_captures(path):
+    """nvidia-smi prints the driver's CUDA next to its version (tests/fixtures/nvidia-smi,
+    SOURCES.md there): the branch table must give the same CUDA for every capture."""
+    facts, _ = _capture(path)
+    if cuda.parse_driver_version(facts["driver_version"])[0] < 450:
+        with pytest.raises(ValueError, match="older than every branch"):
+            cuda.driver_cuda_version(facts["driver_version"])
+    else:
+        assert cuda.driver_cuda_version(facts["driver_version"]) == facts["cuda_driver_version"]
+
+
+@pytest.mark.parametrize("product_brand,expected", [
+    ("GeForce", "geforce"), ("Tesla", "tesla"), ("Quadro", "quadro"), ("NVIDIA", "unknown"),
+    ("NVIDIA RTX", "unknown"), ("unknown", "unknown"), ("TITAN", "titan"),
+])
+def test_toolkit_brand(product_brand, expected):
+    assert cuda.toolkit_brand(product_brand) == expected
+
+
+@pytest.mark.parametrize("capture,image,mode,gate", [
+    # GeForce RTX 4090 on 535.86.05 (nvidia-smi capture) with the CUDA 13 vLLM image:
+    # brand GeForce is in none of the image's alternatives: refused at container start.
+    ("netdata-rtx-4090-driver-535.xml", V023, "incompatible", False),
+    # Same host, CUDA 12.4 vLLM image (v0.8.5): brand=geforce,driver>=535,driver<536 admits
+    # it, and 12.4 on a 12.2 driver is minor-version compatibility.
+    ("netdata-rtx-4090-driver-535.xml", V085, "minor_version", True),
+    # A100-SXM4-80GB on 535.54.03, brand "NVIDIA" -> toolkit "Unknown": the CUDA 13 image's
+    # brand=unknown,driver>=535,driver<536 admits it; CUDA 13 then needs forward compat.
+    ("telegraf-a100-sxm4-v12.xml", V023, "incompatible", True),
+    # Dual RTX A5000 ("NVIDIA RTX") on 590.44.01 (CUDA 13.1): native for CUDA 13.0.
+    ("telegraf-dual_a5000-v13.xml", V023, "native", True),
+    # Quadro P2000 (Pascal 6.1) on 525.125.06 with the CUDA 12.9 image: Quadro is not in the
+    # 12.9 image's list for 525 -> refused; 6.1 is not in its TORCH_CUDA_ARCH_LIST either.
+    ("telegraf-quadro-p2000-v12.xml", V016, "incompatible", False),
+])
+def test_verdicts_from_real_captures(capture, image, mode, gate):
+    facts, product_brand = _capture(FIXTURES / "nvidia-smi" / capture)
+    info = cuda.image_requirements(image_env(image))
+    result = cuda.check(facts["driver_version"],
+                        [d["compute_capability"] for d in facts["devices"]],
+                        cuda_version=info["cuda_version"], require_cuda=info["requirements"],
+                        image_arch_list=info["arch_list"], brand=product_brand)
+    assert result["mode"] == mode, result["reasons"]
+    assert result["require_cuda_satisfied"] is gate
+    assert result["driver_cuda"] == facts["cuda_driver_version"]
 
 
 def test_every_toolkit_ga_driver_reports_its_own_cuda():
