@@ -141,7 +141,9 @@ probes:
   type: list
   elements: dict
   sample:
-    - {source: nvml, result: failed, detail: "NVMLError_LibraryNotFound: NVML Shared Library Not Found"}
+    - source: nvml
+      result: failed
+      detail: "NVMLError_LibraryNotFound: NVML Shared Library Not Found"
     - {source: nvidia-smi, result: unavailable}
     - {source: pci, result: ok, count: 8}
 """

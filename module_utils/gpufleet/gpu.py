@@ -640,8 +640,8 @@ def fleet_capture(xml_text, count, driver_version=None, cuda_version=None,
     The first <gpu> of `xml_text` is replicated `count` times with distinct
     minor_number (0..count-1), uuid (a UUIDv5 of the original uuid and the index,
     so the result is deterministic), serial, and PCI bus (the capture's bus, then
-    +0x10 per GPU; device and function kept). driver_version / cuda_version replace the document's (and the
-    GSP firmware version when it equalled the driver version). mig_mode=False turns
+    +0x10 per GPU; device and function kept). driver_version / cuda_version replace
+    the document's (and the GSP firmware version when it equalled the driver version). mig_mode=False turns
     MIG off (current/pending "Disabled", no MIG devices), True on. The result
     starts with an XML comment saying it is derived, so it is never mistaken for a
     capture.

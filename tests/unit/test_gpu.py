@@ -9,7 +9,6 @@ exception classes and constants.
 """
 import json
 import os
-import pathlib
 import re
 import sys
 import types
