@@ -508,7 +508,7 @@ def parse_arch_list(value):
     return out
 
 
-def arch_list_covers(arch_list, compute_capability):
+def arch_list_covers(arch_list, compute_capability, allow_ptx=True):
     """Whether kernels built for ``arch_list`` load on a GPU of ``compute_capability``.
 
     CUDA binary compatibility (CUDA C++ Programming Guide, "Binary Compatibility"):
@@ -526,7 +526,7 @@ def arch_list_covers(arch_list, compute_capability):
                 return True
         elif cc[0] == built[0] and cc[1] >= built[1]:
             return True
-        if ptx and cc >= built:
+        if allow_ptx and ptx and cc >= built:
             return True
     return False
 
@@ -635,7 +635,7 @@ def _toolkit_gate(requirements, ccs, driver_version, driver_cuda, toolkit_brand)
     return True, None
 
 
-def _architecture_problems(ccs, required, branch, arch_list):
+def _architecture_problems(ccs, required, branch, arch_list, mode):
     """Sentences for each GPU the toolkit, the driver branch or the image's kernels miss."""
     problems = []
     for cc in ccs:
@@ -654,6 +654,11 @@ def _architecture_problems(ccs, required, branch, arch_list):
             problems.append(f"The image's kernels are built for {' '.join(arch_list)}, which does "
                             f"not cover compute capability {cc} ({name}): the first kernel launch "
                             "fails with 'no kernel image is available for execution on the device'.")
+        elif (arch_list is not None and mode == "minor_version"
+              and not arch_list_covers(arch_list, cc, allow_ptx=False)):
+            problems.append(f"Compute capability {cc} ({name}) is covered only by PTX in "
+                            f"{' '.join(arch_list)}, and under minor-version compatibility the "
+                            f"driver cannot JIT-compile PTX from the newer CUDA {required}.")
     return problems
 
 
@@ -722,7 +727,7 @@ def check(driver_version, compute_capabilities=(), cuda_version=None, require_cu
                            "check was not evaluated.")
 
     # 3. GPU architecture against the toolkit, the driver branch and the image's kernels.
-    problems = _architecture_problems(ccs, required, branch, arch_list)
+    problems = _architecture_problems(ccs, required, branch, arch_list, mode)
     reasons.extend(problems + notes)
     if problems:
         mode = "incompatible"

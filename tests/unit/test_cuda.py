@@ -478,6 +478,17 @@ def test_minor_version_reason_says_feature_set_is_limited():
     assert "install driver branch 575 (>= 575.51.03)" in result["suggestions"][0]
 
 
+def test_ptx_only_coverage_fails_under_minor_version_compatibility():
+    """CUDA compatibility guide: minor-version compatibility does not JIT newer PTX."""
+    native = cuda.check("580.65.06", ["8.9"], cuda_version="13.0", image_arch_list="8.0+PTX")
+    assert native["mode"] == "native"  # 8.0 cubin already runs on 8.9 (same major)
+    ptx_only = cuda.check("575.57.08", ["10.0"], cuda_version="12.9", image_arch_list="9.0+PTX")
+    assert ptx_only["driver_cuda"] == "12.9" and ptx_only["mode"] == "native"
+    minor = cuda.check("570.124.06", ["10.0"], cuda_version="12.9", image_arch_list="9.0+PTX")
+    assert minor["mode"] == "incompatible"
+    assert "covered only by PTX" in minor["reasons"][-1]
+
+
 def test_toolkit_refusal_dominates_minor_version_compatibility():
     """cuda>=12.8 blocks a 12.x host even though 12.8 would run by minor-version compat."""
     result = cuda.check("550.54.15", ["8.9"], require_cuda="cuda>=12.8")
