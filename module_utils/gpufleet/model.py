@@ -345,7 +345,7 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "intermediate_size": text.get("intermediate_size"),
         "vocab_size": text.get("vocab_size"),
         "max_position_embeddings": int(max_pos),
-        "rope_scaling": text.get("rope_scaling"),
+        "rope_scaling": text.get("rope_scaling") or text.get("rope_parameters"),
         "torch_dtype": torch_dtype or "bfloat16",
         "torch_dtype_from_config": bool(torch_dtype),
         "moe": {"num_experts": int(num_experts),

@@ -36,6 +36,7 @@ __all__ = [
     "estimate_overhead_bytes",
     "kv_layout",
     "kv_tokens_from_bytes",
+    "compare_with_log",
     "parse_kv_cache_log",
     "plan",
     "tp_problem",
@@ -213,9 +214,11 @@ def _blocks_per_request(layout, model_len, max_num_batched_tokens):
 
 
 def kv_tokens_from_bytes(layout, kv_cache_bytes):
-    """(num_blocks, tokens) as vLLM computes and logs them for a KV budget."""
+    """(num_blocks, tokens) as vLLM computes and logs them for a KV budget.
+
+    A model without KV cache groups (encoder-only) has no blocks: (0, None)."""
     if not layout["groups"]:
-        return 0, 0
+        return 0, None
     num_blocks = max(0, int(kv_cache_bytes) // layout["page_bytes"] // layout["group_size"])
     tokens = num_blocks // len(layout["groups"]) * layout["block_size"]
     return num_blocks, tokens
@@ -278,6 +281,19 @@ def parse_kv_cache_log(text):
     if avail:
         out["available_kv_gib"] = float(avail.group(1))
     return out
+
+
+def compare_with_log(predicted_tokens, log_text):
+    """Compare a predicted KV token count with a real vLLM start-up log.
+
+    Returns {"predicted", "observed", "relative_error"}; the error is
+    (predicted - observed) / observed.
+    """
+    observed = parse_kv_cache_log(log_text)["kv_cache_tokens"]
+    if observed == 0:
+        raise TuneError("the vLLM log reports a KV cache of 0 tokens")
+    return {"predicted": predicted_tokens, "observed": observed,
+            "relative_error": (predicted_tokens - observed) / observed}
 
 
 # ---------------------------------------------------------------------------
@@ -681,6 +697,16 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
 
     num_blocks, tokens = kv_tokens_from_bytes(layout, chosen["kv_bytes"])
     concurrency = max_concurrency(layout, num_blocks, final_len, mnbt)
+    if not layout["groups"]:
+        reasons.append("KV cache: none; an encoder-only model keeps no KV cache "
+                       "(vLLM EncoderOnlyAttentionSpec), so context and concurrency are "
+                       "bounded by compute, not memory.")
+    elif len(set(layout["groups"])) > 1:
+        reasons.append(f"KV cache: hybrid; {layout['groups'].count('sliding')} sliding-window "
+                       f"and {layout['groups'].count('full')} full-attention group(s) of "
+                       f"{layout['group_size']} layers share one block pool; a sliding "
+                       f"group holds about window + max_num_batched_tokens tokens per "
+                       "request.")
     if target_concurrency is not None and concurrency is not None:
         reasons.append(f"target_concurrency {requests}: {concurrency:.2f} requests of "
                        f"{final_len:,} tokens fit at once.")

@@ -1,0 +1,238 @@
+"""Model description from real config.json files and safetensors headers.
+
+Fixtures under tests/fixtures/models/ are real configs (SOURCES.md says where each came
+from). Safetensors files written here are built by hand in the format's own layout:
+an 8-byte little-endian header length, then the JSON header.
+"""
+import json
+import shutil
+import struct
+
+import pytest
+
+from conftest import FIXTURES
+from gpufleet import model as m
+
+MODELS = FIXTURES / "models"
+
+
+def write_safetensors(path, tensors, data=True):
+    """Write a safetensors file: tensors is {name: (dtype, shape, nbytes)}."""
+    header, offset = {}, 0
+    for name, (dtype, shape, nbytes) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(raw)) + raw)
+        if data:
+            handle.write(b"\0" * offset)
+    return offset
+
+
+def copy_model(name, tmp_path):
+    dest = tmp_path / name
+    shutil.copytree(MODELS / name, dest)
+    return dest
+
+
+# --- attention kinds from real configs -------------------------------------------
+
+def test_llama_3_1_8b_is_gqa_with_derived_head_size():
+    cfg = json.loads((MODELS / "llama-3.1-8b" / "config.json").read_text())
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["attention"] == "gqa"
+    assert (desc["num_layers"], desc["num_attention_heads"], desc["num_kv_heads"]) == (32, 32, 8)
+    assert desc["head_size"] == 4096 // 32  # no head_dim in the config
+    assert desc["kind"] == "generative"
+    assert desc["max_position_embeddings"] == 131072
+    assert desc["rope_scaling"]["rope_type"] == "llama3"
+
+
+def test_qwen3_8b_uses_explicit_head_dim():
+    cfg = json.loads((MODELS / "qwen3-8b" / "config.json").read_text())
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["head_size"] == 128 and desc["num_kv_heads"] == 8 and desc["num_layers"] == 36
+    assert desc["layer_kinds"] == ["full"] * 36  # sliding_window null
+
+
+def test_qwen2_5_sliding_window_switched_off_means_full_attention():
+    # Qwen2.5 configs carry sliding_window 131072 with use_sliding_window false.
+    cfg = json.loads((MODELS / "qwen2.5-7b" / "config.json").read_text())
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["layer_kinds"] == ["full"] * 28
+    assert desc["attention"] == "gqa" and desc["num_kv_heads"] == 4
+    assert desc["sliding_window"] is None
+
+
+def test_deepseek_v3_is_mla_with_fp8_weights_and_moe():
+    cfg = json.loads((MODELS / "deepseek-v3" / "config.json").read_text())
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["attention"] == "mla"
+    assert (desc["kv_lora_rank"], desc["qk_rope_head_dim"]) == (512, 64)
+    assert desc["quantization"] == {"method": "fp8", "bits": 8, "weight_block_size": [128, 128]}
+    assert desc["moe"] == {"num_experts": 256, "experts_per_token": 8}
+    assert desc["num_layers"] == 61
+
+
+def test_minilm_folder_is_a_native_pooling_encoder(tmp_path):
+    folder = copy_model("all-minilm-l6-v2", tmp_path)
+    (folder / "model.safetensors.header").rename(folder / "model.safetensors")
+    desc = m.describe_model_dir(str(folder))
+    assert desc["kind"] == "pooling" and desc["native_pooling"] is True
+    assert desc["sentence_transformers"] is True
+    assert desc["attention"] == "encoder_only"
+    # the real header's tensors: file size 90,868,376 - 8 - 11,408 header bytes
+    assert desc["weights_bytes"] == 90_868_376 - 8 - 11_408
+    assert desc["weights_dtype"] == "F32"
+    assert desc["torch_dtype"] == "float32"  # no torch_dtype in config: from the header
+
+
+def test_sentence_transformers_files_turn_a_causal_lm_into_an_embedding_model(tmp_path):
+    folder = copy_model("qwen3-8b", tmp_path)
+    shutil.copy(MODELS / "all-minilm-l6-v2" / "modules.json", folder / "modules.json")
+    write_safetensors(folder / "model.safetensors", {"w": ("BF16", [4], 8)})
+    desc = m.describe_model_dir(str(folder))
+    assert desc["kind"] == "pooling" and desc["native_pooling"] is False
+
+
+def test_hybrid_layer_types_and_uniform_sliding_window():
+    # Hand-written configs exercising the layer_types rule (transformers >= 4.53).
+    base = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+            "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+            "head_dim": 64, "hidden_size": 512, "max_position_embeddings": 4096,
+            "sliding_window": 128}
+    hybrid = dict(base, layer_types=["sliding_attention", "full_attention"] * 2)
+    desc = m.describe_config(hybrid, weights_bytes=1)
+    assert desc["layer_kinds"] == ["sliding", "full", "sliding", "full"]
+    assert desc["attention"] == "gqa+sliding" and desc["sliding_window"] == 128
+    mistral = dict(base, model_type="mistral", architectures=["MistralForCausalLM"])
+    desc = m.describe_config(mistral, weights_bytes=1)
+    assert desc["layer_kinds"] == ["sliding"] * 4 and desc["attention"] == "gqa-sliding"
+
+
+def test_unmodelled_layer_types_are_refused():
+    cfg = {"model_type": "qwen3", "architectures": ["X"], "num_hidden_layers": 2,
+           "num_attention_heads": 2, "hidden_size": 8, "max_position_embeddings": 8,
+           "layer_types": ["linear_attention", "full_attention"]}
+    with pytest.raises(m.UnsupportedModelError, match="linear_attention"):
+        m.describe_config(cfg, weights_bytes=1)
+
+
+def test_deepseek_v4_is_refused_with_what_is_missing():
+    # Fields named by vLLM's deepseek_v4.py (compress_ratios, sliding_window).
+    cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+           "compress_ratios": [4, 128], "sliding_window": 128}
+    with pytest.raises(m.UnsupportedModelError) as exc:
+        m.describe_config(cfg, weights_bytes=1)
+    text = str(exc.value)
+    for needed in ("indexer", "compressor", "block size 256", "--kv-cache-memory-bytes"):
+        assert needed in text
+
+
+def test_awq_gptq_compressed_tensors_quantization_fields():
+    base = json.loads((MODELS / "qwen2.5-7b" / "config.json").read_text())
+    awq = dict(base, quantization_config={"bits": 4, "group_size": 128, "zero_point": True,
+                                          "version": "gemm", "quant_method": "awq"})
+    assert m.describe_config(awq, weights_bytes=1)["quantization"] == {
+        "method": "awq", "bits": 4, "group_size": 128}
+    gptq = dict(base, quantization_config={"quant_method": "gptq", "bits": 8,
+                                           "group_size": -1})
+    assert m.describe_config(gptq, weights_bytes=1)["quantization"]["bits"] == 8
+    ct = dict(base, quantization_config={"quant_method": "compressed-tensors",
+                                         "format": "int-quantized"})
+    assert m.describe_config(ct, weights_bytes=1)["quantization"] == {
+        "method": "compressed-tensors", "format": "int-quantized"}
+
+
+# --- refusals -----------------------------------------------------------------------
+
+def test_folder_without_config_json_fails_clearly(tmp_path):
+    write_safetensors(tmp_path / "model.safetensors", {"w": ("F16", [2], 4)})
+    with pytest.raises(m.ModelError, match="has no config.json"):
+        m.describe_model_dir(str(tmp_path))
+
+
+def test_missing_folder_fails(tmp_path):
+    with pytest.raises(m.ModelError, match="is not a directory"):
+        m.describe_model_dir(str(tmp_path / "nope"))
+
+
+def test_unknown_architecture_names_fields_or_falls_back_when_asked():
+    cfg = {"architectures": ["FalconForCausalLM"], "model_type": "falcon",
+           "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+           "max_position_embeddings": 2048, "num_kv_heads": 1}
+    with pytest.raises(m.ModelError) as exc:
+        m.describe_config(cfg, weights_bytes=1)
+    assert "allow_unknown_architecture" in str(exc.value)
+    assert "num_attention_heads" in str(exc.value)
+    desc = m.describe_config(cfg, weights_bytes=1, allow_unknown_architecture=True)
+    assert desc["known_architecture"] is False
+    assert desc["num_kv_heads"] == 1 and desc["attention"] == "mqa"
+
+
+def test_config_lacking_fields_names_them():
+    with pytest.raises(m.ModelError, match="lacks num_hidden_layers, max_position_embeddings"):
+        m.describe_config({"model_type": "llama", "num_attention_heads": 4,
+                           "hidden_size": 64}, weights_bytes=1)
+    with pytest.raises(m.ModelError, match="neither architectures nor model_type"):
+        m.describe_config({"hidden_size": 64}, weights_bytes=1)
+
+
+def test_invalid_config_json_fails(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(m.ModelError, match="not valid JSON"):
+        m.describe_model_dir(str(tmp_path))
+
+
+# --- weight bytes -----------------------------------------------------------------
+
+def test_safetensors_header_sums_data_offsets_across_shards(tmp_path):
+    one = write_safetensors(tmp_path / "model-00001-of-00002.safetensors",
+                            {"a": ("BF16", [1024, 8], 16384), "b": ("BF16", [8], 16)})
+    two = write_safetensors(tmp_path / "model-00002-of-00002.safetensors",
+                            {"c": ("F32", [10], 40)}, data=False)  # header only is enough
+    info = m.weights_from_dir(str(tmp_path))
+    assert info["bytes"] == one + two == 16440
+    assert info["dtype"] == "BF16" and "2 files" in info["source"]
+
+
+def test_index_total_size_used_when_no_shards_present(tmp_path):
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 16060522496}, "weight_map": {}}))
+    info = m.weights_from_dir(str(tmp_path))
+    assert info["bytes"] == 16060522496 and "index" in info["source"]
+
+
+def test_real_trimmed_index_with_zero_total_is_refused(tmp_path):
+    folder = copy_model("deepseek-v3", tmp_path)
+    with pytest.raises(m.ModelError, match="total_size is 0"):
+        m.describe_model_dir(str(folder))
+    # weights_bytes replaces the index
+    assert m.describe_model_dir(str(folder), weights_bytes=5)["weights_bytes"] == 5
+
+
+def test_no_weights_at_all_is_refused(tmp_path):
+    shutil.copy(MODELS / "qwen3-8b" / "config.json", tmp_path / "config.json")
+    with pytest.raises(m.ModelError, match="pass weights_bytes"):
+        m.describe_model_dir(str(tmp_path))
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"\x01\x02", "shorter than 8 bytes"),
+    (struct.pack("<Q", 50) + b'{"a": 1', "truncated"),
+    (struct.pack("<Q", 7) + b"not-js!", "not JSON"),
+    (struct.pack("<Q", 2**40), "implausible"),
+])
+def test_broken_safetensors_headers_fail(tmp_path, content, message):
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(content)
+    with pytest.raises(m.ModelError, match=message):
+        m.safetensors_file_info(str(path))
+
+
+def test_model_summary_folds_layer_kinds():
+    cfg = json.loads((MODELS / "qwen3-8b" / "config.json").read_text())
+    summary = m.model_summary(m.describe_config(cfg, weights_bytes=1))
+    assert summary["layer_kinds"] == {"full": 36}

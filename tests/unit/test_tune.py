@@ -1,0 +1,454 @@
+"""The vLLM tuner: KV arithmetic as vLLM does it, field scenarios, refusals, module.
+
+Model inputs are real config.json files (tests/fixtures/models/SOURCES.md). GPUs come
+from real nvidia-smi captures parsed by gpufleet.gpu (tests/fixtures/nvidia-smi) where
+one exists; Hopper parts, which have no capture, use their nominal memory (H100 80 GB =
+81,920 MiB; H200 141 GB = 141e9 bytes = 134,465 MiB). Expected numbers are derived by
+hand in each test from vLLM's formulas, not read back from the code under test.
+"""
+import json
+import shutil
+
+import pytest
+
+from conftest import FIXTURES
+from gpufleet import gpu as gpu_facts
+from gpufleet import model as m
+from gpufleet import tune as t
+from helpers import run_module
+
+MODELS = FIXTURES / "models"
+GiB = 1024 ** 3
+LLAMA_8B_BYTES = 16_060_522_496  # Llama-3.1-8B, github.com/thamada/modelQuery README
+LLAMA_70B_BYTES = 141_125_877_760  # Llama-3.1-70B-Instruct, same table
+
+
+def captured(name):
+    xml = (FIXTURES / "nvidia-smi" / name).read_text()
+    return gpu_facts.parse_nvidia_smi_xml(xml)["devices"]
+
+
+RTX_4090 = captured("netdata-rtx-4090-driver-535.xml")  # 24564 MiB, 8.9
+A10G = captured("telegraf-a10g.xml")  # 23028 MiB, 8.6 (a 24 GB card)
+T4 = captured("telegraf-tesla-t4.xml")  # 15360 MiB, 7.5
+P100 = captured("netdata-tesla-p100.xml")  # 6.0
+
+
+def hopper(count, name="NVIDIA H100 80GB HBM3", mib=81920):
+    return [{"index": i, "name": name, "memory_total_mib": mib, "compute_capability": "9.0",
+             "architecture": "hopper", "mig_mode": False} for i in range(count)]
+
+
+def config(name):
+    return json.loads((MODELS / name / "config.json").read_text())
+
+
+def describe(name, weights, **extra):
+    return m.describe_config(config(name), weights_bytes=weights, **extra)
+
+
+# --- published figure and KV arithmetic -------------------------------------------
+
+def test_llama_8b_rtx_3090_published_kv_figure():
+    """vLLM on an RTX 3090 at 0.9: KV 3.81 GiB -> 1952 blocks of 16 = 31,232 tokens."""
+    llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
+    layout = t.kv_layout(llama, tp=1, block_size=16)
+    # 2 (K,V) x 8 kv heads x 128 head size x 2 bytes = 4096 bytes per token per layer
+    assert layout["per_token_layer_bytes"] == 2 * 8 * 128 * 2
+    blocks, tokens = t.kv_tokens_from_bytes(layout, int(3.81 * GiB))
+    assert abs(tokens - 31_232) / 31_232 < 0.01
+    # 3.81 is the log's rounding of 1952 x 16 x 4096 x 32 bytes = 3.8125 GiB
+    assert t.kv_tokens_from_bytes(layout, 1952 * 16 * 4096 * 32) == (1952, 31_232)
+
+
+def test_kv_heads_are_replicated_when_fewer_than_tp():
+    llama70 = describe("llama-3.1-70b", LLAMA_70B_BYTES)  # 8 kv heads, 80 layers
+    per_layer = {tp: t.kv_layout(llama70, tp, 16)["per_token_layer_bytes"]
+                 for tp in (1, 4, 8, 16)}
+    assert per_layer == {1: 2 * 8 * 128 * 2, 4: 2 * 2 * 128 * 2, 8: 2 * 1 * 128 * 2,
+                         16: 2 * 1 * 128 * 2}
+
+
+def test_mla_latent_is_not_sharded_and_fp8_is_one_byte():
+    dsv3 = describe("deepseek-v3", 671 * 10 ** 9)
+    for tp in (1, 8):
+        assert t.kv_layout(dsv3, tp, 64)["per_token_layer_bytes"] == (512 + 64) * 2
+    assert t.kv_layout(dsv3, 8, 64, "fp8")["per_token_layer_bytes"] == 512 + 64
+    assert t.kv_layout(dsv3, 8, 64, "fp8_ds_mla")["per_token_layer_bytes"] == 656
+    with pytest.raises(t.TuneError, match="MLA models only"):
+        t.kv_layout(describe("qwen3-8b", 1), 1, 16, "fp8_ds_mla")
+
+
+def hybrid_model(sliding, full):
+    """A hand-written hybrid config (layer_types, as gemma3/gpt-oss configs carry)."""
+    kinds = ["sliding_attention"] * sliding + ["full_attention"] * full
+    cfg = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
+           "num_hidden_layers": len(kinds), "num_attention_heads": 8,
+           "num_key_value_heads": 4, "head_dim": 256, "hidden_size": 2560,
+           "max_position_embeddings": 131072, "sliding_window": 1024, "layer_types": kinds,
+           "torch_dtype": "bfloat16"}
+    return m.describe_config(cfg, weights_bytes=8 * GiB)
+
+
+def test_hybrid_sliding_and_full_groups_share_one_pool():
+    model = hybrid_model(20, 4)
+    layout = t.kv_layout(model, 1, 16)
+    # group size = 4 (the smaller count; 20 >= 1.5 x 4): 5 sliding groups + 1 full
+    assert layout["group_size"] == 4
+    assert sorted(layout["groups"]) == ["full"] + ["sliding"] * 5
+    page = 16 * 2 * 4 * 256 * 2  # block x (K,V) x kv heads x head size x bf16
+    assert layout["page_bytes"] == page
+    blocks, tokens = t.kv_tokens_from_bytes(layout, 10 * GiB)
+    assert blocks == 10 * GiB // page // 4
+    assert tokens == blocks // 6 * 16
+    # one 8192-token request: full group 8192/16 = 512 blocks; each sliding group
+    # ceil(min(1024 - 1 + 2048, 8192) / 16) + 1 = 193 blocks
+    assert t.max_concurrency(layout, 1477, 8192, 2048) == 1.0
+    # 12 + 12 layers: equal counts, one group each
+    even = t.kv_layout(hybrid_model(12, 12), 1, 16)
+    assert even["group_size"] == 12 and sorted(even["groups"]) == ["full", "sliding"]
+
+
+def test_hybrid_plan_reports_the_groups():
+    result = t.plan(hybrid_model(20, 4), RTX_4090, max_model_len=32768)
+    assert any("hybrid" in r for r in result["reasons"])
+    assert result["prediction"]["max_concurrency"] > 1
+
+
+def test_parse_vllm_log_lines_and_compare():
+    # Line formats from vllm/v1/core/kv_cache_utils.py _report_kv_cache_config and the
+    # CPU backend's "CPU KV cache size: 2,816 tokens" (shared/notes/test-infra.md).
+    log = ("INFO [gpu_worker.py:298] Available KV cache memory: 3.81 GiB\n"
+           "INFO [kv_cache_utils.py:1087] GPU KV cache size: 31,232 tokens\n"
+           "INFO [kv_cache_utils.py:1091] Maximum concurrency for 8,192 tokens per "
+           "request: 3.81x\n")
+    parsed = t.parse_kv_cache_log(log)
+    assert parsed == {"kv_cache_tokens": 31232, "device": "GPU", "max_model_len": 8192,
+                      "max_concurrency": 3.81, "available_kv_gib": 3.81}
+    assert t.parse_kv_cache_log("CPU KV cache size: 2,816 tokens")["device"] == "CPU"
+    cmp = t.compare_with_log(31200, log)
+    assert cmp["observed"] == 31232 and abs(cmp["relative_error"]) < 0.01
+    with pytest.raises(t.TuneError, match="no 'KV cache size"):
+        t.parse_kv_cache_log("nothing here")
+
+
+def test_kv_tokens_for_a_cpu_budget_match_hand_arithmetic():
+    """The thin check against vLLM CPU predicts from --kv-cache-memory-bytes only."""
+    qwen3 = describe("qwen3-8b", 16 * GiB)
+    result = t.plan(qwen3, [], kv_cache_memory_bytes=GiB, max_model_len=4096)
+    # page per layer = 128 tokens x 2 x 8 kv heads x 128 x 2 bytes = 524,288;
+    # 1 GiB / 524,288 = 2048 pages / 36 layers = 56 blocks = 7168 tokens
+    assert result["prediction"]["num_blocks"] == 56
+    assert result["prediction"]["kv_cache_tokens"] == 56 * 128
+    assert result["settings"]["block_size"] == 128 and result["settings"]["target"] == "cpu"
+    args = result["args"]
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(GiB)
+    assert "--gpu-memory-utilization" not in args
+    assert args[args.index("--dtype") + 1] == "bfloat16"
+
+
+# --- scenarios from the field -------------------------------------------------------
+
+def test_llama_8b_on_a_24gb_gpu_full_context_does_not_fit():
+    llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
+    with pytest.raises(t.NoFitError) as exc:
+        t.plan(llama, A10G, max_model_len=131072)
+    err = exc.value
+    assert err.nearest["gpus_needed"] == 2
+    assert "needs 2 GPUs" in str(err) and "max_model_len up to" in str(err)
+    # the auto plan lands exactly on the nearest length the error offered
+    auto = t.plan(llama, A10G)
+    assert auto["settings"]["max_model_len"] == err.nearest["max_model_len"]
+    kv = auto["prediction"]["kv_cache_bytes"]
+    assert auto["settings"]["max_model_len"] == kv // (16 * 4096) // 32 * 16
+    assert auto["settings"]["dtype"] == "bfloat16"  # 8.6 >= 8.0
+    # 8k fits with room for several requests
+    short = t.plan(llama, A10G, max_model_len=8192)
+    assert short["prediction"]["max_concurrency"] > 4
+
+
+def test_qwen3_8b_on_h100_uses_full_context_and_big_gpu_defaults():
+    qwen3 = describe("qwen3-8b", 16_381_800_000)
+    result = t.plan(qwen3, hopper(1))
+    s = result["settings"]
+    assert s["max_model_len"] == 40960 and s["tensor_parallel_size"] == 1
+    assert (s["max_num_batched_tokens"], s["max_num_seqs"]) == (8192, 1024)
+    assert result["prediction"]["kv_bytes_per_token"] == 2 * 36 * 8 * 128 * 2
+    assert s["docker"] == {}
+
+
+def test_qwen3_8b_target_concurrency():
+    qwen3 = describe("qwen3-8b", 16_381_800_000)
+    result = t.plan(qwen3, hopper(1), max_model_len=4096, target_concurrency=64)
+    s = result["settings"]
+    assert s["max_num_seqs"] == 64 and s["max_num_batched_tokens"] >= 64
+    assert result["prediction"]["num_blocks"] >= 64 * 4096 // 16
+    assert result["prediction"]["max_concurrency"] >= 64
+    with pytest.raises(t.NoFitError) as exc:
+        t.plan(qwen3, hopper(1), max_model_len=40960, target_concurrency=400)
+    nearest = exc.value.nearest["max_model_len"]
+    assert nearest < 40960
+    # 400 requests of L tokens need 400 x ceil(L / 16) blocks: the longest L that fits
+    ok = t.plan(qwen3, hopper(1), max_model_len=nearest, target_concurrency=400)
+    assert nearest == ok["prediction"]["num_blocks"] // 400 * 16
+
+
+def test_qwen2_5_7b_tp7_is_refused_for_kv_heads():
+    qwen = describe("qwen2.5-7b", 15_231_233_024)
+    assert t.tp_problem(qwen, 7) == ("kv heads 4: tensor parallel size 7 is neither a "
+                                     "divisor nor a multiple of 4")
+    with pytest.raises(t.TuneError, match="tensor_parallel_size 7 is refused: kv heads 4"):
+        t.plan(qwen, hopper(8), tensor_parallel_size=7)
+    assert [tp for tp in range(1, 9) if t.tp_problem(qwen, tp) is None] == [1, 2, 4]
+    with pytest.raises(t.TuneError, match="needs 4 GPUs; this host has 1"):
+        t.plan(qwen, hopper(1), tensor_parallel_size=4)
+
+
+def test_llama_70b_on_8x_h100():
+    llama70 = describe("llama-3.1-70b", LLAMA_70B_BYTES)
+    result = t.plan(llama70, hopper(8))
+    s, p = result["settings"], result["prediction"]
+    # TP 2 leaves 80 GiB x 0.92 - 65.7 GiB ~ 6 GiB: not 131,072 tokens of 160 KiB
+    assert s["tensor_parallel_size"] == 4 and s["replicas"] == 2
+    assert s["max_model_len"] == 131072
+    assert p["kv_bytes_per_token"] == 2 * 80 * 2 * 128 * 2
+    assert p["weights_bytes_per_gpu"] == LLAMA_70B_BYTES // 4
+    assert s["docker"] == {"ipc_mode": "host"}
+    assert any(r.startswith("replicas 2") for r in result["reasons"])
+    with pytest.raises(t.NoFitError) as exc:
+        t.plan(llama70, hopper(1))
+    assert exc.value.nearest["gpus_needed"] == 4
+
+
+def test_deepseek_v3_mla_on_8x_h200():
+    # 671B parameters (tenstorrent/tt-metal README_WEIGHTS.md) at one byte each (FP8):
+    # a lower bound of the checkpoint's bytes.
+    dsv3 = describe("deepseek-v3", 671 * 10 ** 9)
+    h200 = hopper(8, "NVIDIA H200", 134465)
+    result = t.plan(dsv3, h200)
+    s, p = result["settings"], result["prediction"]
+    assert s["tensor_parallel_size"] == 8  # 5-7 do not divide 128 heads; 4 holds 156 GiB
+    assert s["block_size"] == 64
+    assert s["max_model_len"] == 4096 * 40  # yarn: original x factor = 163,840
+    assert p["kv_bytes_per_token"] == 61 * 576 * 2
+    assert p["kv_cache_tokens"] == p["kv_cache_bytes"] // (64 * 1152) // 61 * 64
+    fp8 = t.plan(dsv3, h200, allow_fp8=True)
+    assert fp8["settings"]["kv_cache_dtype"] == "fp8"
+    assert fp8["prediction"]["kv_bytes_per_token"] == 61 * 576
+    # on 8x H100 the FP8 weights alone (78 GiB per GPU) leave nothing: needs 16 GPUs
+    with pytest.raises(t.NoFitError) as exc:
+        t.plan(dsv3, hopper(8))
+    assert exc.value.nearest["gpus_needed"] == 16
+    assert "leave no KV cache room" in str(exc.value)
+
+
+def awq_qwen_7b():
+    """Qwen2.5-7B's real config with AutoAWQ's quantization_config shape
+    ({"bits", "group_size", "zero_point", "version", "quant_method"}); weights as 4-bit
+    linear layers + fp16 embeddings and lm_head (an estimate, no checkpoint at hand)."""
+    cfg = config("qwen2.5-7b")
+    cfg["quantization_config"] = {"bits": 4, "group_size": 128, "zero_point": True,
+                                  "version": "gemm", "quant_method": "awq"}
+    h, inter, layers, vocab = 3584, 18944, 28, 152064
+    linear = layers * (2 * h * h + 2 * h * 512 + 3 * h * inter)
+    weights = linear // 2 + 2 * vocab * h * 2
+    return m.describe_config(cfg, weights_bytes=weights)
+
+
+def test_awq_7b_on_rtx_4090():
+    awq = awq_qwen_7b()
+    result = t.plan(awq, RTX_4090, max_model_len=32768, allow_fp8=True)
+    s = result["settings"]
+    assert s["dtype"] == "float16"
+    assert s["kv_cache_dtype"] == "fp8"  # 8.9 has native FP8
+    assert "--kv-cache-dtype" in result["args"] and "--quantization" not in result["args"]
+    assert any(r.startswith("quantization awq 4-bit") for r in result["reasons"])
+    assert result["prediction"]["kv_bytes_per_token"] == 2 * 28 * 4 * 128 * 1
+    with pytest.raises(t.TuneError, match="awq weights need compute capability >= 7.5"):
+        t.plan(awq, P100, max_model_len=4096)
+
+
+def test_embedding_model_converted_from_a_causal_lm(tmp_path):
+    """A Qwen3 causal LM with sentence-transformers files (how Qwen3-Embedding ships;
+    its own config.json was not found, see SOURCES.md) runs with the pooling runner."""
+    folder = tmp_path / "qwen3-embed"
+    shutil.copytree(MODELS / "qwen3-8b", folder)
+    shutil.copy(MODELS / "all-minilm-l6-v2" / "modules.json", folder / "modules.json")
+    desc = m.describe_model_dir(str(folder), weights_bytes=16 * GiB)
+    result = t.plan(desc, hopper(1), max_model_len=32768)
+    args = result["args"]
+    assert args[:4] == ["--runner", "pooling", "--convert", "embed"]
+    assert "--enable-prefix-caching" not in args
+    assert result["settings"]["max_num_batched_tokens"] >= 32768
+    old = t.plan(desc, hopper(1), max_model_len=32768, vllm_version="0.9.2")
+    assert old["args"][:2] == ["--task", "embed"]
+
+
+def test_minilm_on_vllm_cpu_has_no_kv_cache(tmp_path):
+    folder = tmp_path / "minilm"
+    shutil.copytree(MODELS / "all-minilm-l6-v2", folder)
+    (folder / "model.safetensors.header").rename(folder / "model.safetensors")
+    desc = m.describe_model_dir(str(folder))
+    result = t.plan(desc, [], kv_cache_memory_bytes=GiB)
+    assert result["args"][:2] == ["--runner", "pooling"] and "--convert" not in result["args"]
+    assert result["settings"]["max_model_len"] == 512
+    assert result["prediction"]["kv_cache_tokens"] is None
+    assert any("encoder-only" in r for r in result["reasons"])
+
+
+# --- fp8 and dtype per GPU -----------------------------------------------------------
+
+def test_fp8_kv_refused_below_sm89_on_v1_and_emulated_on_v0():
+    llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
+    for gpus in (T4, A10G):
+        with pytest.raises(t.TuneError, match="fp8 is refused|fp8 KV cache"):
+            t.plan(llama, gpus, max_model_len=4096, kv_cache_dtype="fp8")
+    old = t.plan(llama, A10G, max_model_len=4096, kv_cache_dtype="fp8", vllm_version="0.6.3")
+    assert old["settings"]["kv_cache_dtype"] == "fp8"
+    assert any("emulated" in r for r in old["reasons"])
+    assert old["settings"]["gpu_memory_utilization"] == 0.9  # before 0.21.0
+    # allow_fp8 only chooses fp8 where it is native
+    assert t.plan(llama, A10G, max_model_len=4096, allow_fp8=True)["settings"][
+        "kv_cache_dtype"] == "auto"
+    native = t.plan(llama, RTX_4090, max_model_len=4096, allow_fp8=True)
+    assert native["settings"]["kv_cache_dtype"] == "fp8"
+
+
+def test_bf16_only_on_ampere_and_newer():
+    model = hybrid_model(20, 4)  # a bfloat16 checkpoint of 8 GiB
+    result = t.plan(model, T4, max_model_len=4096)
+    assert result["settings"]["dtype"] == "float16"
+    assert any("7.5 < 8.0" in r for r in result["reasons"])
+    with pytest.raises(t.TuneError, match="bfloat16 needs compute capability >= 8.0"):
+        t.plan(model, T4, max_model_len=4096, dtype="bfloat16")
+    assert t.plan(model, A10G, max_model_len=4096)["settings"]["dtype"] == "bfloat16"
+
+
+# --- refusals and options -----------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"max_model_len": 200000}, "above the model's context of 131,072"),
+    ({"max_model_len": "lots"}, "not an integer or 'auto'"),
+    ({"gpu_memory_utilization": 1.5}, r"must be in \(0, 1\]"),
+    ({"target_concurrency": 0}, "target_concurrency must be >= 1"),
+    ({"kv_cache_dtype": "int3"}, "kv_cache_dtype 'int3' is not one of"),
+    ({"vllm_version": "latest"}, "not a version like"),
+    ({"kv_cache_memory_bytes": GiB, "vllm_version": "0.10.0"},
+     "has no --kv-cache-memory-bytes"),
+])
+def test_bad_options_are_refused(kwargs, message):
+    llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
+    with pytest.raises(t.TuneError, match=message):
+        t.plan(llama, RTX_4090, **kwargs)
+
+
+@pytest.mark.parametrize("gpus,message", [
+    ([{"compute_capability": "8.9"}], "lacks memory_total_mib"),
+    ([{"memory_total_mib": 1000}], "lacks compute_capability"),
+    ([{"memory_total_mib": 1000, "compute_capability": "eight"}], "is not like"),
+    ([{"memory_total_mib": 81920, "compute_capability": "8.0", "mig_mode": True}], "MIG"),
+    ("gpu0", "must be a list"),
+])
+def test_bad_gpu_facts_are_refused(gpus, message):
+    llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
+    with pytest.raises(t.TuneError, match=message):
+        t.plan(llama, gpus)
+
+
+def test_cpu_target_needs_a_kv_budget():
+    with pytest.raises(t.TuneError, match="kv_cache_memory_bytes for vLLM's CPU backend"):
+        t.plan(describe("qwen3-8b", GiB), [])
+
+
+def test_long_context_only_when_allowed():
+    llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
+    result = t.plan(llama, hopper(2), max_model_len=262144, allow_long_context=True,
+                    tensor_parallel_size=2)
+    assert result["settings"]["env"] == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+
+
+def test_kv_cache_memory_bytes_on_gpu_is_emitted_and_used():
+    llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
+    budget = 1952 * 16 * 4096 * 32
+    result = t.plan(llama, RTX_4090, max_model_len=8192, kv_cache_memory_bytes=budget)
+    assert result["prediction"]["kv_cache_tokens"] == 31232
+    assert "--gpu-memory-utilization" not in result["args"]
+    with pytest.raises(t.NoFitError, match="leave no KV cache room"):
+        t.plan(llama, RTX_4090, max_model_len=8192, kv_cache_memory_bytes=20 * GiB)
+
+
+def test_extra_args_are_rewritten_for_the_version():
+    llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
+    new = t.plan(llama, RTX_4090, max_model_len=4096,
+                 extra_args=["--disable-log-requests", "--served-model-name", "x"])
+    assert new["args"][-3:] == ["--no-enable-log-requests", "--served-model-name", "x"]
+    old = t.plan(llama, RTX_4090, max_model_len=4096, vllm_version="0.9.0",
+                 extra_args=["--no-enable-log-requests"])
+    assert old["args"][-1] == "--disable-log-requests"
+    assert t.default_gpu_memory_utilization("0.20.1") == 0.9
+    assert t.default_gpu_memory_utilization("0.32.0") == 0.92
+
+
+def test_overhead_override_moves_the_budget_exactly():
+    llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
+    result = t.plan(llama, A10G, max_model_len=4096, overhead_bytes=GiB,
+                    gpu_memory_utilization=0.9)
+    expected = int(23028 * 1024 ** 2 * 0.9) - LLAMA_8B_BYTES - GiB
+    assert result["prediction"]["kv_cache_bytes"] == expected
+
+
+# --- the module ------------------------------------------------------------------
+
+def module_main():
+    import vllm_tune
+    return vllm_tune.main
+
+
+def test_module_plans_from_a_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "llama"
+    shutil.copytree(MODELS / "llama-3.1-8b", folder)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": LLAMA_8B_BYTES}, "weight_map": {}}))
+    for check_mode in (False, True):
+        result, failed = run_module(module_main(), {
+            "model_path": str(folder), "gpus": A10G, "max_model_len": 8192,
+            "extra_args": ["--served-model-name", "llama"]}, monkeypatch,
+            check_mode=check_mode)
+        assert not failed and result["changed"] is False
+        assert result["settings"]["max_model_len"] == 8192
+        assert result["args"][-2:] == ["--served-model-name", "llama"]
+        assert result["model"]["layer_kinds"] == {"full": 32}
+        assert result["prediction"]["kv_bytes_per_token"] == 131072
+
+
+def test_module_accepts_gpu_facts_and_model_config(monkeypatch):
+    result, failed = run_module(module_main(), {
+        "model_config": config("qwen3-8b"), "weights_bytes": 16 * GiB,
+        "gpu_facts": {"present": True, "devices": hopper(2)}}, monkeypatch)
+    assert not failed and result["settings"]["replicas"] == 2
+
+
+def test_module_fails_with_nearest_settings(monkeypatch):
+    result, failed = run_module(module_main(), {
+        "model_config": config("llama-3.1-8b"), "weights_bytes": LLAMA_8B_BYTES,
+        "gpus": A10G, "max_model_len": 131072}, monkeypatch)
+    assert failed and result["changed"] is False
+    assert "needs 2 GPUs" in result["msg"]
+    assert result["nearest"]["gpus_needed"] == 2 and result["nearest"]["max_model_len"] > 0
+
+
+@pytest.mark.parametrize("args,message", [
+    ({"gpus": A10G}, "one of the following is required"),
+    ({"model_config": {"model_type": "llama"}, "gpus": A10G}, "weights_bytes"),
+    ({"model_path": "/nonexistent/model", "gpus": A10G}, "is not a directory"),
+    ({"model_config": {"model_type": "llama"}, "weights_bytes": 1}, "gpus is required"),
+])
+def test_module_refuses_bad_input(monkeypatch, args, message):
+    result, failed = run_module(module_main(), args, monkeypatch)
+    assert failed and message in result["msg"]
+
+
+def test_module_reports_missing_config_json(tmp_path, monkeypatch):
+    result, failed = run_module(module_main(), {"model_path": str(tmp_path), "gpus": []},
+                                monkeypatch)
+    assert failed and "has no config.json" in result["msg"]
