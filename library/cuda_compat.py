@@ -18,9 +18,16 @@ description:
   - Changes nothing on the host; C(changed) is always false.
 options:
   driver_version:
-    description: Host driver version as printed by nvidia-smi, for example C(535.129.03).
+    description:
+      - Host driver version as printed by nvidia-smi, for example C(535.129.03). Empty or
+        absent when no driver is installed yet (then O(driver_branch) is required).
     type: str
-    required: true
+  driver_branch:
+    description:
+      - The driver branch the host will run (the nvidia_driver role's branch), for example
+        C(580). The check then uses the planned driver - the installed one when it is on
+        this branch, else the branch's first release - instead of O(driver_version).
+    type: str
   compute_capabilities:
     description: Compute capabilities of the GPUs the container will use, for example C(["9.0"]).
     type: list
@@ -97,6 +104,12 @@ EXAMPLES = r"""
     fail_on_incompatible: false
   register: __vllm_cuda
 
+- name: Check the driver the host will run after the driver role (branch 580)
+  cuda_compat:
+    driver_version: "{{ ansible_facts.gpu.driver_version | default('', true) }}"
+    driver_branch: "580"
+    require_cuda: "cuda>=13.0"
+
 - name: Plain CUDA version check
   cuda_compat:
     driver_version: 570.133.20
@@ -104,6 +117,16 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+driver_version:
+  description: The driver the verdict is for (the planned one when O(driver_branch) is set).
+  type: str
+  returned: always
+  sample: 580.65.06
+driver_planned:
+  description: Whether RV(driver_version) is the planned driver rather than the installed one.
+  type: bool
+  returned: always
+  sample: true
 compatible:
   description: Whether the image can run on this host (mode is not incompatible).
   type: bool
@@ -160,7 +183,7 @@ suggestions:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gpufleet.cuda import check, image_requirements
+from ansible.module_utils.gpufleet.cuda import check, image_requirements, planned_driver
 
 try:
     import docker
@@ -186,6 +209,16 @@ def read_image_config(image, client=None):
 def run(params, docker_client=None):
     """Module logic without AnsibleModule: params dict in, result dict out."""
     extra = {}
+    installed = params.get("driver_version") or None
+    driver = installed
+    if params.get("driver_branch"):
+        driver = planned_driver(installed, params["driver_branch"])
+    if not driver:
+        raise ValueError("driver_version is empty and no driver_branch is given: pass the "
+                         "host's driver (ansible_facts.gpu.driver_version) or the branch the "
+                         "driver role will install")
+    extra["driver_version"] = driver
+    extra["driver_planned"] = driver != installed
     require, cuda_version, arch_list = params.get("require_cuda"), params.get("cuda_version"), None
     if params.get("image"):
         env, labels = read_image_config(params["image"], docker_client)
@@ -193,7 +226,7 @@ def run(params, docker_client=None):
         extra["image_requirements"] = info
         require, cuda_version, arch_list = info["requirements"], info["cuda_version"], info["arch_list"]
     result = check(
-        params["driver_version"],
+        driver,
         compute_capabilities=params.get("compute_capabilities") or [],
         cuda_version=cuda_version,
         require_cuda=require,
@@ -205,6 +238,10 @@ def run(params, docker_client=None):
     if extra.get("image_requirements", {}).get("disabled"):
         result["reasons"].insert(0, "The image sets NVIDIA_DISABLE_REQUIRE: the container "
                                     "toolkit skips its requirement check.")
+    if extra["driver_planned"]:
+        result["reasons"].insert(0, f"Planned driver: {driver} (branch {params['driver_branch']}), "
+                                    f"which the driver role installs in place of "
+                                    f"{installed or 'no driver'}.")
     result.update(extra)
     return result
 
@@ -219,7 +256,8 @@ def failure_message(result, driver_version):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            driver_version=dict(type="str", required=True),
+            driver_version=dict(type="str"),
+            driver_branch=dict(type="str"),
             compute_capabilities=dict(type="list", elements="str", default=[]),
             cuda_version=dict(type="str"),
             require_cuda=dict(type="str"),
@@ -231,7 +269,8 @@ def main():
             fail_on_incompatible=dict(type="bool", default=True),
         ),
         mutually_exclusive=[("cuda_version", "require_cuda", "image")],
-        required_one_of=[("cuda_version", "require_cuda", "image")],
+        required_one_of=[("cuda_version", "require_cuda", "image"),
+                         ("driver_version", "driver_branch")],
         supports_check_mode=True,
     )
     if module.params["image"] and not HAS_DOCKER:
@@ -246,7 +285,7 @@ def main():
                              changed=False)
         raise
     if not result["compatible"] and module.params["fail_on_incompatible"]:
-        module.fail_json(msg=failure_message(result, module.params["driver_version"]),
+        module.fail_json(msg=failure_message(result, result["driver_version"]),
                          changed=False, **result)
     module.exit_json(changed=False, **result)
 

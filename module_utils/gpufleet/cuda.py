@@ -260,6 +260,19 @@ def planned_driver_for_branch(branch):
     return DRIVER_BRANCHES[b]["min_driver"]
 
 
+def planned_driver(installed, branch):
+    """The driver a host runs once the driver role has applied ``branch``.
+
+    The installed driver when it is already on that branch (the role never upgrades
+    within a branch as a side effect), else the branch's first release, the oldest
+    driver the role can install (a conservative plan)."""
+    if installed:
+        parse_driver_version(installed)
+        if branch_of(installed) == int(branch):
+            return str(installed).strip()
+    return planned_driver_for_branch(branch)
+
+
 def branch_supports_architecture(branch, compute_capability):
     """False when driver ``branch`` no longer supports a GPU of ``compute_capability``
     (Kepler after R470; Maxwell, Pascal and Volta after R580)."""

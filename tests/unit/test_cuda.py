@@ -659,3 +659,46 @@ def test_module_reads_a_real_local_image(tmp_path, monkeypatch):
         assert failed and "unsatisfied condition: cuda>=12.9" in result["msg"]
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+# --- planned driver (driver_branch): what preflight checks before the driver role runs ---
+
+@pytest.mark.parametrize("installed,branch,expected", [
+    ("580.95.05", "580", "580.95.05"),   # same branch: kept, never upgraded as a side effect
+    ("550.127.05", "580", "580.65.06"),  # another branch: the role installs 580; plan its first release
+    (None, "580", "580.65.06"),          # no driver yet (PCI facts only)
+    ("535.129.03", "535", "535.129.03"),
+])
+def test_planned_driver(installed, branch, expected):
+    assert cuda.planned_driver(installed, branch) == expected
+
+
+def test_planned_driver_rejects_unknown_branch():
+    with pytest.raises(ValueError, match="branch 123 is not known"):
+        cuda.planned_driver(None, "123")
+
+
+def test_main_driver_branch_plans_the_upgrade(monkeypatch, fake_docker):
+    # lab-a100: 550.127.05 installed, branch 580 planned -> checked against 580.65.06
+    result, failed = run_module(cuda_compat.main, {
+        "driver_version": "550.127.05", "driver_branch": "580", "compute_capabilities": ["8.0"],
+        "image": "vllm/vllm-openai:v0.23.0", "datacenter_gpu": True}, monkeypatch)
+    assert not failed and result["compatible"] and result["mode"] == "native"
+    assert result["driver_version"] == "580.65.06" and result["driver_planned"] is True
+    assert "550.127.05" in result["reasons"][0]
+
+
+def test_main_driver_branch_keeps_pinned_branch(monkeypatch, fake_docker):
+    # lab-4090: pinned to 535, so the installed 535.129.03 is what runs the image
+    result, failed = run_module(cuda_compat.main, {
+        "driver_version": "535.129.03", "driver_branch": "535", "compute_capabilities": ["8.9"],
+        "image": "vllm/vllm-openai:v0.23.0"}, monkeypatch)
+    assert failed and result["driver_planned"] is False
+    for fragment in ("535.129.03", "CUDA 12.2", "CUDA 13.0"):
+        assert fragment in result["msg"]
+
+
+def test_main_needs_a_driver_or_a_branch(monkeypatch, fake_docker):
+    result, failed = run_module(cuda_compat.main, {
+        "driver_version": "", "cuda_version": "12.4"}, monkeypatch)
+    assert failed and "driver_branch" in result["msg"]
