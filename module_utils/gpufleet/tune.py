@@ -73,8 +73,11 @@ FLAG_CHANGES = [
      "source": "vllm/config/cache.py: gpu_memory_utilization Field(default=0.92) at "
                "commit 002f10e0; 0.9 in earlier releases (version from the notes)"},
 ]
-# Minimum compute capability per weight quantization method:
-# get_min_capability() in vllm/model_executor/layers/quantization/{awq,gptq,fp8}.py.
+# Minimum compute capability per weight quantization method, get_min_capability() in
+# vllm/model_executor/layers/quantization/<method>.py. awq (75, "Turing or newer",
+# activations torch.half only) was read at commit 000796ac; gptq (60) and fp8 (80, with
+# a weight-only Marlin path below 8.9 per shared/notes/gpu-cuda-facts.md) were not
+# re-read there.
 QUANT_MIN_CAPABILITY = {"awq": (7, 5), "gptq": (6, 0), "fp8": (8, 0)}
 # Below 8.9 there is no FP8 hardware: vLLM runs FP8 weights weight-only (Marlin).
 FP8_NATIVE_CAPABILITY = (8, 9)
