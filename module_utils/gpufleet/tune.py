@@ -493,20 +493,12 @@ def _translate_extra_args(extra_args, version, reasons):
 # The planner
 # ---------------------------------------------------------------------------
 
-def plan(model, gpus, max_model_len="auto", target_concurrency=None,
-         gpu_memory_utilization=None, kv_cache_dtype="auto", allow_fp8=False,
-         kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
-         tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
-         overhead_bytes=None, enforce_eager=False):
-    """Choose vLLM settings for `model` on `gpus`; see the module docstring.
-
-    Raises TuneError for bad input and NoFitError when nothing fits.
-    """
-    reasons = []
+def _check_options(model, devices, max_model_len, target_concurrency,
+                   gpu_memory_utilization, kv_cache_memory_bytes, vllm_version,
+                   allow_long_context):
+    """Validate and normalise the options that do not depend on the hardware."""
     parse_version(vllm_version)
-    devices = _check_gpus(gpus or [])
-    cpu = not devices
-    if cpu and kv_cache_memory_bytes is None:
+    if not devices and kv_cache_memory_bytes is None:
         raise TuneError("no GPUs were given and kv_cache_memory_bytes is not set: pass "
                         "gpus (ansible_facts.gpu.devices) for a GPU host, or "
                         "kv_cache_memory_bytes for vLLM's CPU backend")
@@ -514,248 +506,273 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         kv_cache_memory_bytes = int(kv_cache_memory_bytes)
         if kv_cache_memory_bytes <= 0:
             raise TuneError("kv_cache_memory_bytes must be a positive number of bytes")
-        if not version_at_least(vllm_version, _change("kv_cache_memory_bytes")["since"]):
+        since = _change("kv_cache_memory_bytes")["since"]
+        if not version_at_least(vllm_version, since):
             raise TuneError(f"vLLM {vllm_version} has no --kv-cache-memory-bytes (added in "
-                            f"{_change('kv_cache_memory_bytes')['since']}); use "
-                            "gpu_memory_utilization or a newer vLLM")
+                            f"{since}); use gpu_memory_utilization or a newer vLLM")
     if target_concurrency is not None and int(target_concurrency) < 1:
         raise TuneError("target_concurrency must be >= 1")
     if model.get("weights_bytes") is None:
         raise TuneError("the model's weight bytes are unknown: give model_path with "
                         "safetensors files, or weights_bytes")
-    settings = {"target": "cpu" if cpu else "gpu", "vllm_version": str(vllm_version)}
-    result = {"settings": settings, "reasons": reasons}
-
-    # Hardware: plan for the weakest GPU when they differ.
-    if cpu:
-        cc, gpu_bytes, gpu_count, gpu_name = None, None, 1, "CPU"
-        block_size = CPU_BLOCK_SIZE
-        reasons.append(f"target cpu: no GPUs given; vLLM's CPU backend, block size "
-                       f"{CPU_BLOCK_SIZE}, KV budget from kv_cache_memory_bytes.")
-    else:
-        cc = min(d["cc"] for d in devices)
-        gpu_bytes = min(d["memory_bytes"] for d in devices)
-        gpu_count = len(devices)
-        gpu_name = devices[0]["name"]
-        if len({(d["cc"], d["memory_bytes"]) for d in devices}) > 1:
-            reasons.append("GPUs differ: planned for the smallest memory and lowest "
-                           "compute capability among them.")
-        block_size = GPU_BLOCK_SIZE
-        if model["attention"] == "mla" and cc[0] in MLA_BLOCK_SIZE:
-            block_size = MLA_BLOCK_SIZE[cc[0]]
-            reasons.append(f"block size {block_size}: vLLM's MLA backend for compute "
-                           f"capability {cc[0]}.x uses {block_size}-token blocks.")
-        _check_quantization(model, cc, reasons)
-
-    dtype_name, act_bytes = _served_dtype(model, cc, dtype, reasons, cpu)
-    kv_dtype = _kv_dtype(kv_cache_dtype, allow_fp8, cc, vllm_version, cpu, reasons)
-    weights = model["weights_bytes"]
-    if (model.get("weights_dtype") == "F32" or (model.get("torch_dtype") == "float32"
-                                                 and not model.get("weights_dtype"))) \
-            and act_bytes == 2 and not model.get("quantization"):
-        weights //= 2
-        reasons.append("weights: float32 checkpoint served in 16 bits, half its bytes.")
-
-    # Runner and batching defaults.
-    pooling = model["kind"] == "pooling"
-    if cpu:
-        default_mnbt, default_seqs = DEFAULTS_SMALL
-    elif gpu_bytes >= BIG_GPU_BYTES and "A100" not in gpu_name:
-        default_mnbt, default_seqs = DEFAULTS_BIG
-    else:
-        default_mnbt, default_seqs = DEFAULTS_SMALL
-    if target_concurrency is not None:
-        max_num_seqs = int(target_concurrency)
-    else:
-        max_num_seqs = default_seqs
-    mnbt = max(default_mnbt, max_num_seqs)
-
     util = gpu_memory_utilization
-    if util is None:
-        util = default_gpu_memory_utilization(vllm_version)
-    util = float(util)
+    util = float(default_gpu_memory_utilization(vllm_version) if util is None else util)
     if not 0 < util <= 1:
         raise TuneError("gpu_memory_utilization must be in (0, 1]")
-
     limit = model_max_len(model)
-    auto_len = str(max_model_len).lower() == "auto"
-    if not auto_len:
+    wanted = None
+    if str(max_model_len).lower() != "auto":
         try:
-            wanted_len = int(max_model_len)
+            wanted = int(max_model_len)
         except (TypeError, ValueError) as exc:
             raise TuneError(f"max_model_len {max_model_len!r} is not an integer or "
                             "'auto'") from exc
-        if wanted_len < 1:
+        if wanted < 1:
             raise TuneError("max_model_len must be >= 1")
-        if wanted_len > limit and not allow_long_context:
+        if wanted > limit and not allow_long_context:
             raise TuneError(
-                f"max_model_len {wanted_len:,} is above the model's context of {limit:,} "
+                f"max_model_len {wanted:,} is above the model's context of {limit:,} "
                 "(max_position_embeddings and rope scaling in config.json); lower it, or "
                 "set allow_long_context if the model was extended (vLLM then needs "
                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
-    requests = int(target_concurrency) if target_concurrency else 1
+    return {"util": util, "limit": limit, "wanted_len": wanted,
+            "kv_cache_memory_bytes": kv_cache_memory_bytes,
+            "requests": int(target_concurrency) if target_concurrency else 1}
 
-    def evaluate(tp):
-        """Budget and fit for one TP size (GPUs of this host's kind)."""
-        layout = kv_layout(model, tp, block_size, kv_dtype, act_bytes)
-        weights_per_gpu = weights // tp
-        length_for_batch = limit if auto_len else wanted_len
-        batched = max(mnbt, length_for_batch) if pooling else mnbt
-        if overhead_bytes is not None:
-            overhead = int(overhead_bytes)
-        elif cpu:
-            overhead = 0
-        else:
-            overhead = estimate_overhead_bytes(model, tp, batched, max_num_seqs, act_bytes,
-                                               enforce_eager)
-        if kv_cache_memory_bytes is not None:
-            kv_bytes = kv_cache_memory_bytes
-            weights_fit = cpu or weights_per_gpu + overhead + kv_bytes <= gpu_bytes
-        else:
-            kv_bytes = int(gpu_bytes * util) - weights_per_gpu - overhead
-            weights_fit = kv_bytes > 0
-        fit_len = max_fitting_len(layout, max(kv_bytes, 0), limit if auto_len else max(
-            limit, wanted_len), mnbt, requests) if weights_fit else 0
-        return {"tp": tp, "layout": layout, "weights_per_gpu": weights_per_gpu,
-                "overhead": overhead, "kv_bytes": kv_bytes, "weights_fit": weights_fit,
-                "fit_len": fit_len, "batched": batched}
 
-    def fits(ev):
-        if not ev["weights_fit"]:
-            return False
-        return ev["fit_len"] >= (limit if auto_len else wanted_len)
+def _hardware(devices, model, reasons):
+    """The GPU the plan is for (the weakest when they differ), or the CPU backend."""
+    if not devices:
+        reasons.append(f"target cpu: no GPUs given; vLLM's CPU backend, block size "
+                       f"{CPU_BLOCK_SIZE}, KV budget from kv_cache_memory_bytes.")
+        return {"cpu": True, "cc": None, "gpu_bytes": None, "gpu_count": 1,
+                "block_size": CPU_BLOCK_SIZE, "defaults": DEFAULTS_SMALL}
+    cc = min(d["cc"] for d in devices)
+    gpu_bytes = min(d["memory_bytes"] for d in devices)
+    if len({(d["cc"], d["memory_bytes"]) for d in devices}) > 1:
+        reasons.append("GPUs differ: planned for the smallest memory and lowest compute "
+                       "capability among them.")
+    block_size = GPU_BLOCK_SIZE
+    if model["attention"] == "mla" and cc[0] in MLA_BLOCK_SIZE:
+        block_size = MLA_BLOCK_SIZE[cc[0]]
+        reasons.append(f"block size {block_size}: vLLM's MLA backend for compute "
+                       f"capability {cc[0]}.x uses {block_size}-token blocks.")
+    big = gpu_bytes >= BIG_GPU_BYTES and "A100" not in devices[0]["name"]
+    return {"cpu": False, "cc": cc, "gpu_bytes": gpu_bytes, "gpu_count": len(devices),
+            "block_size": block_size, "defaults": DEFAULTS_BIG if big else DEFAULTS_SMALL}
 
-    # Tensor parallelism.
+
+def _served_weights(model, act_bytes, reasons):
+    weights = model["weights_bytes"]
+    fp32 = model.get("weights_dtype") == "F32" or (
+        model.get("torch_dtype") == "float32" and not model.get("weights_dtype"))
+    if fp32 and act_bytes == 2 and not model.get("quantization"):
+        reasons.append("weights: float32 checkpoint served in 16 bits, half its bytes.")
+        return weights // 2
+    return weights
+
+
+def _evaluate(ctx, tp):
+    """KV budget and the longest fitting context for one TP size."""
+    model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
+    layout = kv_layout(model, tp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"])
+    weights_per_gpu = ctx["weights"] // tp
+    target_len = opts["wanted_len"] or opts["limit"]
+    batched = max(ctx["mnbt"], target_len) if ctx["pooling"] else ctx["mnbt"]
+    if ctx["overhead_bytes"] is not None:
+        overhead = int(ctx["overhead_bytes"])
+    elif hw["cpu"]:
+        overhead = 0
+    else:
+        overhead = estimate_overhead_bytes(model, tp, batched, ctx["max_num_seqs"],
+                                           ctx["act_bytes"], ctx["enforce_eager"])
+    if opts["kv_cache_memory_bytes"] is not None:
+        kv_bytes = opts["kv_cache_memory_bytes"]
+        room = hw["cpu"] or weights_per_gpu + overhead + kv_bytes <= hw["gpu_bytes"]
+    else:
+        kv_bytes = int(hw["gpu_bytes"] * opts["util"]) - weights_per_gpu - overhead
+        room = kv_bytes > 0
+    search_to = max(opts["limit"], opts["wanted_len"] or 0)
+    fit_len = max_fitting_len(layout, kv_bytes, search_to, ctx["mnbt"],
+                              opts["requests"]) if room else 0
+    return {"tp": tp, "layout": layout, "weights_per_gpu": weights_per_gpu,
+            "overhead": overhead, "kv_bytes": kv_bytes, "room": room, "fit_len": fit_len,
+            "fits": room and fit_len >= target_len}
+
+
+def _choose_tp(ctx, tensor_parallel_size):
+    """The evaluation of the chosen TP size, and a reason; NoFitError when none fits."""
+    model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
     if str(tensor_parallel_size).lower() != "auto":
         tp = int(tensor_parallel_size)
         problem = tp_problem(model, tp)
         if problem:
+            valid = ", ".join(str(t) for t in range(1, 9) if not tp_problem(model, t))
             raise TuneError(f"tensor_parallel_size {tp} is refused: {problem} (vLLM "
                             "ModelConfig.verify_with_parallel_config / QKVParallelLinear). "
-                            "Valid sizes up to 8: " + ", ".join(
-                                str(t) for t in range(1, 9) if not tp_problem(model, t)))
-        if tp > gpu_count:
+                            f"Valid sizes up to 8: {valid}")
+        if tp > hw["gpu_count"]:
             raise TuneError(f"tensor_parallel_size {tp} needs {tp} GPUs; this host has "
-                            f"{gpu_count}")
+                            f"{hw['gpu_count']}")
         candidates = [tp]
     else:
-        candidates = [t for t in range(1, gpu_count + 1) if not tp_problem(model, t)]
-    evaluations = [evaluate(t) for t in candidates]
-    chosen = next((ev for ev in evaluations if fits(ev)), None)
-    if chosen is None and auto_len:
-        usable = [ev for ev in evaluations if ev["weights_fit"] and ev["fit_len"] >= 1]
+        candidates = [t for t in range(1, hw["gpu_count"] + 1) if not tp_problem(model, t)]
+    evaluations = [_evaluate(ctx, t) for t in candidates]
+    chosen = next((ev for ev in evaluations if ev["fits"]), None)
+    requests = opts["requests"]
+    if chosen is not None:
+        target = (f"{requests} request(s) of {opts['wanted_len']:,} tokens"
+                  if opts["wanted_len"] else f"{requests} request(s) of the model's full "
+                  "context")
+        why = (f"the smallest valid size whose GPUs hold the weights "
+               f"({_gib(chosen['weights_per_gpu'])} GiB per GPU) and {target}")
+    elif opts["wanted_len"] is None:
+        usable = [ev for ev in evaluations if ev["room"] and ev["fit_len"] >= 1]
         if usable:
             chosen = max(usable, key=lambda ev: (ev["fit_len"], -ev["tp"]))
+            why = ("no valid size up to the host's GPUs holds the model's full context, so "
+                   "the size that holds the longest one")
     if chosen is None:
-        _raise_no_fit(model, evaluations, evaluate, auto_len, limit,
-                      None if auto_len else wanted_len, requests, cpu, gpu_count, result)
-    tp = chosen["tp"]
-    layout = chosen["layout"]
-    final_len = min(chosen["fit_len"], limit) if auto_len else wanted_len
+        _raise_no_fit(ctx, evaluations)
+    if len(candidates) == 1 and str(tensor_parallel_size).lower() != "auto":
+        why = "set by the user and valid for this model"
+    return chosen, f"tensor_parallel_size {chosen['tp']}: {why}."
 
-    if tp_problem(model, tp) is None and str(tensor_parallel_size).lower() == "auto":
-        why = (f"the smallest tensor-parallel size whose GPUs hold the weights "
-               f"({_gib(chosen['weights_per_gpu'])} GiB per GPU) and "
-               + (f"{requests} request(s) of the model's full context" if auto_len else
-                  f"{requests} request(s) of {wanted_len:,} tokens"))
-        if auto_len and chosen["fit_len"] < limit:
-            why = ("no size up to the host's GPUs holds the model's full context, so the "
-                   "size that holds the longest one")
-        reasons.append(f"tensor_parallel_size {tp}: {why}.")
-    else:
-        reasons.append(f"tensor_parallel_size {tp}: set by the user and valid for this "
-                       "model.")
-    replicas = gpu_count // tp if not cpu else 1
-    if not cpu and replicas > 1:
-        mode = "replicas per GPU" if tp == 1 else f"replicas of {tp} GPUs"
-        reasons.append(f"replicas {replicas}: one GPU group suffices, so this host's "
-                       f"{gpu_count} GPUs can run {replicas} independent instances "
-                       f"({mode}; one vLLM each, or --data-parallel-size {replicas}).")
 
-    if auto_len:
+def _explain_fit(ctx, chosen, final_len, reasons):
+    """Reasons for replicas, context, batching and the KV cache layout."""
+    hw, opts, limit = ctx["hw"], ctx["opts"], ctx["opts"]["limit"]
+    tp, layout = chosen["tp"], chosen["layout"]
+    replicas = 1 if hw["cpu"] else hw["gpu_count"] // tp
+    if replicas > 1:
+        mode = "one per GPU" if tp == 1 else f"{tp} GPUs each"
+        reasons.append(f"replicas {replicas}: one instance needs {tp} GPU(s), so this "
+                       f"host's {hw['gpu_count']} GPUs can run {replicas} independent "
+                       f"instances ({mode}; or --data-parallel-size {replicas}).")
+    if opts["wanted_len"] is None:
         if final_len >= limit:
             reasons.append(f"max_model_len {final_len:,}: the model's whole context fits.")
         else:
             reasons.append(f"max_model_len {final_len:,}: the longest context whose "
-                           f"{requests} request(s) fit in the KV cache (model allows "
-                           f"{limit:,}).")
+                           f"{opts['requests']} request(s) fit in the KV cache (model "
+                           f"allows {limit:,}).")
     else:
         reasons.append(f"max_model_len {final_len:,}: requested; it fits.")
-    env = {}
-    if not auto_len and wanted_len > limit:
-        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    if opts["wanted_len"] and opts["wanted_len"] > limit:
         reasons.append(f"max_model_len above the model's {limit:,}: allowed by the user "
                        "(allow_long_context); VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set.")
-
-    if pooling:
-        mnbt = max(mnbt, final_len)
-        reasons.append(f"max_num_batched_tokens {mnbt:,}: pooling models run without "
-                       "chunked prefill, so a batch must hold a whole max_model_len input.")
-    elif target_concurrency is not None:
-        reasons.append(f"max_num_seqs {max_num_seqs}: the target concurrency; "
-                       f"max_num_batched_tokens {mnbt:,} (>= max_num_seqs, vLLM requires).")
+    if ctx["pooling"]:
+        reasons.append(f"max_num_batched_tokens {ctx['mnbt']:,}: pooling models run "
+                       "without chunked prefill, so a batch must hold a whole "
+                       "max_model_len input.")
+    elif ctx["target_concurrency"] is not None:
+        reasons.append(f"max_num_seqs {ctx['max_num_seqs']}: the target concurrency; "
+                       f"max_num_batched_tokens {ctx['mnbt']:,} (>= max_num_seqs, as vLLM "
+                       "requires).")
     else:
-        reasons.append(f"max_num_seqs {max_num_seqs}, max_num_batched_tokens {mnbt:,}: "
-                       "vLLM's defaults for this hardware (arg_utils.py).")
-
-    num_blocks, tokens = kv_tokens_from_bytes(layout, chosen["kv_bytes"])
-    concurrency = max_concurrency(layout, num_blocks, final_len, mnbt)
+        reasons.append(f"max_num_seqs {ctx['max_num_seqs']}, max_num_batched_tokens "
+                       f"{ctx['mnbt']:,}: vLLM's defaults for this hardware "
+                       "(arg_utils.py).")
     if not layout["groups"]:
         reasons.append("KV cache: none; an encoder-only model keeps no KV cache "
                        "(vLLM EncoderOnlyAttentionSpec), so context and concurrency are "
                        "bounded by compute, not memory.")
     elif len(set(layout["groups"])) > 1:
-        reasons.append(f"KV cache: hybrid; {layout['groups'].count('sliding')} sliding-window "
-                       f"and {layout['groups'].count('full')} full-attention group(s) of "
-                       f"{layout['group_size']} layers share one block pool; a sliding "
-                       f"group holds about window + max_num_batched_tokens tokens per "
-                       "request.")
-    if target_concurrency is not None and concurrency is not None:
-        reasons.append(f"target_concurrency {requests}: {concurrency:.2f} requests of "
-                       f"{final_len:,} tokens fit at once.")
+        reasons.append(f"KV cache: hybrid; {layout['groups'].count('sliding')} "
+                       f"sliding-window and {layout['groups'].count('full')} full-attention "
+                       f"group(s) of {layout['group_size']} layers share one block pool; a "
+                       "sliding group holds about window + max_num_batched_tokens tokens "
+                       "per request.")
+    return replicas
 
-    runner = convert = None
-    if pooling:
-        runner = "pooling"
-        convert = None if model["native_pooling"] else "embed"
-        if version_at_least(vllm_version, _change("runner_convert")["since"]):
-            what = "--runner pooling" + (" --convert embed" if convert else "")
-        else:
-            what = "--task embed"
-        src = ("sentence-transformers files" if model["sentence_transformers"]
-               else f"architecture {model['architectures'][:1]}")
-        reasons.append(f"runner pooling: an embedding model ({src}); vLLM {vllm_version} "
-                       f"takes {what}" + ("" if convert or not model["native_pooling"]
-                                          else " (natively pooling, no conversion)") + ".")
-    prefix_caching = not pooling
-    chunked_prefill = not pooling
+
+def _runner(model, pooling, version, reasons):
+    """(runner, convert) for pooling models, with reasons for the caching flags."""
     if not pooling:
         reasons.append("enable_prefix_caching and enable_chunked_prefill: on, as in "
                        "vLLM's V1 engine for generative models.")
+        return None, None
+    convert = None if model["native_pooling"] else "embed"
+    if version_at_least(version, _change("runner_convert")["since"]):
+        flags = "--runner pooling" + (" --convert embed" if convert else
+                                      " (natively pooling, no conversion)")
     else:
-        reasons.append("enable_prefix_caching and enable_chunked_prefill: off for a "
-                       "pooling model.")
+        flags = "--task embed"
+    source = ("sentence-transformers files" if model["sentence_transformers"]
+              else f"architecture {model['architectures'][:1]}")
+    reasons.append(f"runner pooling: an embedding model ({source}); vLLM {version} takes "
+                   f"{flags}.")
+    reasons.append("enable_prefix_caching and enable_chunked_prefill: off for a pooling "
+                   "model.")
+    return "pooling", convert
 
+
+def plan(model, gpus, max_model_len="auto", target_concurrency=None,
+         gpu_memory_utilization=None, kv_cache_dtype="auto", allow_fp8=False,
+         kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
+         tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
+         overhead_bytes=None, enforce_eager=False):
+    """Choose vLLM settings for `model` on `gpus`; see the module docstring.
+
+    Returns {"args", "settings", "prediction", "reasons"}. Raises TuneError for bad
+    input and NoFitError (with `nearest` and the partial result) when nothing fits.
+    """
+    reasons = []
+    devices = _check_gpus(gpus or [])
+    opts = _check_options(model, devices, max_model_len, target_concurrency,
+                          gpu_memory_utilization, kv_cache_memory_bytes, vllm_version,
+                          allow_long_context)
+    settings = {"target": "gpu" if devices else "cpu", "vllm_version": str(vllm_version)}
+    hw = _hardware(devices, model, reasons)
+    if not hw["cpu"]:
+        _check_quantization(model, hw["cc"], reasons)
+    dtype_name, act_bytes = _served_dtype(model, hw["cc"], dtype, reasons, hw["cpu"])
+    kv_dtype = _kv_dtype(kv_cache_dtype, allow_fp8, hw["cc"], vllm_version, hw["cpu"],
+                         reasons)
+    default_mnbt, default_seqs = hw["defaults"]
+    max_num_seqs = int(target_concurrency) if target_concurrency else default_seqs
+    ctx = {"model": model, "hw": hw, "opts": opts, "kv_dtype": kv_dtype,
+           "act_bytes": act_bytes, "weights": _served_weights(model, act_bytes, reasons),
+           "pooling": model["kind"] == "pooling", "max_num_seqs": max_num_seqs,
+           "mnbt": max(default_mnbt, max_num_seqs), "overhead_bytes": overhead_bytes,
+           "enforce_eager": enforce_eager, "target_concurrency": target_concurrency,
+           "result": {"settings": settings, "reasons": reasons}}
+
+    chosen, tp_reason = _choose_tp(ctx, tensor_parallel_size)
+    reasons.append(tp_reason)
+    tp, layout = chosen["tp"], chosen["layout"]
+    final_len = opts["wanted_len"] or min(chosen["fit_len"], opts["limit"])
+    if ctx["pooling"]:
+        ctx["mnbt"] = max(ctx["mnbt"], final_len)
+    replicas = _explain_fit(ctx, chosen, final_len, reasons)
+    num_blocks, tokens = kv_tokens_from_bytes(layout, chosen["kv_bytes"])
+    concurrency = max_concurrency(layout, num_blocks, final_len, ctx["mnbt"])
+    if target_concurrency is not None and concurrency is not None:
+        reasons.append(f"target_concurrency {opts['requests']}: {concurrency:.2f} requests "
+                       f"of {final_len:,} tokens fit at once.")
+    runner, convert = _runner(model, ctx["pooling"], vllm_version, reasons)
     docker = {}
     if tp > 1:
         docker = {"ipc_mode": "host"}
         reasons.append(f"docker ipc_mode host: tensor parallelism over {tp} GPUs shares "
                        "memory between workers; Docker's 64 MB /dev/shm hangs them "
                        "(or set shm_size to several GiB).")
-
+    env = {}
+    if opts["wanted_len"] and opts["wanted_len"] > opts["limit"]:
+        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    emits_util = not hw["cpu"] and opts["kv_cache_memory_bytes"] is None
     settings.update({
         "tensor_parallel_size": tp, "replicas": replicas, "max_model_len": final_len,
-        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": mnbt,
-        "kv_cache_dtype": kv_dtype, "dtype": dtype_name, "block_size": block_size,
-        "gpu_memory_utilization": None if (cpu or kv_cache_memory_bytes is not None)
-        else util,
-        "kv_cache_memory_bytes": kv_cache_memory_bytes, "runner": runner,
-        "convert": convert, "enable_prefix_caching": prefix_caching,
-        "enable_chunked_prefill": chunked_prefill, "docker": docker, "env": env,
+        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": ctx["mnbt"],
+        "kv_cache_dtype": kv_dtype, "dtype": dtype_name, "block_size": hw["block_size"],
+        "gpu_memory_utilization": opts["util"] if emits_util else None,
+        "kv_cache_memory_bytes": opts["kv_cache_memory_bytes"], "runner": runner,
+        "convert": convert, "enable_prefix_caching": not ctx["pooling"],
+        "enable_chunked_prefill": not ctx["pooling"], "docker": docker, "env": env,
     })
-    per_token = layout["per_token_layer_bytes"] * layout["num_layers"]
+    result = ctx["result"]
     result["prediction"] = {
-        "kv_bytes_per_token": per_token,
+        "kv_bytes_per_token": layout["per_token_layer_bytes"] * layout["num_layers"],
         "kv_bytes_per_token_per_layer": layout["per_token_layer_bytes"],
         "weights_bytes_per_gpu": chosen["weights_per_gpu"],
         "overhead_bytes_per_gpu": chosen["overhead"],
@@ -800,43 +817,37 @@ def _args(settings, version, extra_args, reasons):
     return args + _translate_extra_args(extra_args, version, reasons)
 
 
-def _raise_no_fit(model, evaluations, evaluate, auto_len, limit, wanted_len, requests,
-                  cpu, gpu_count, result):
+def _raise_no_fit(ctx, evaluations):
     """Explain what is missing and the nearest settings that fit."""
-    nearest = {}
-    parts = []
-    weights_ok = [ev for ev in evaluations if ev["weights_fit"]]
-    if not weights_ok:
-        best = evaluations[-1] if evaluations else None
-        if best is None:
-            parts.append("no tensor-parallel size up to this host's GPU count is valid "
-                         "for this model")
-        elif cpu:
-            parts.append("kv_cache_memory_bytes is too small for one block")
-        else:
-            parts.append(
-                f"the weights ({_gib(best['weights_per_gpu'])} GiB per GPU at TP "
-                f"{best['tp']}) plus overhead ({_gib(best['overhead'])} GiB) leave no KV "
-                f"cache room on this host's {gpu_count} GPU(s)")
+    model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
+    target_len = opts["wanted_len"] or opts["limit"]
+    nearest, parts = {}, []
+    with_room = [ev for ev in evaluations if ev["room"]]
+    if not evaluations:
+        parts.append("no tensor-parallel size up to this host's GPU count is valid for "
+                     "this model")
+    elif not with_room and hw["cpu"]:
+        parts.append("kv_cache_memory_bytes leaves no room")
+    elif not with_room:
+        last = evaluations[-1]
+        parts.append(f"the weights ({_gib(last['weights_per_gpu'])} GiB per GPU at TP "
+                     f"{last['tp']}) plus overhead ({_gib(last['overhead'])} GiB) leave no "
+                     f"KV cache room on this host's {hw['gpu_count']} GPU(s)")
     else:
-        best = max(weights_ok, key=lambda ev: ev["fit_len"])
-        target = f"{requests} request(s) of {wanted_len or limit:,} tokens"
-        parts.append(f"{target} do not fit: at TP {best['tp']} the KV cache holds "
+        best = max(with_room, key=lambda ev: ev["fit_len"])
+        parts.append(f"{opts['requests']} request(s) of {target_len:,} tokens do not fit: "
+                     f"at TP {best['tp']} the KV cache holds "
                      f"{_gib(max(best['kv_bytes'], 0))} GiB per GPU")
         if best["fit_len"] >= 1:
-            nearest["max_model_len"] = best["fit_len"]
-            nearest["tensor_parallel_size"] = best["tp"]
+            nearest.update(max_model_len=best["fit_len"], tensor_parallel_size=best["tp"])
             parts.append(f"max_model_len up to {best['fit_len']:,} fits at TP {best['tp']}")
-    if not cpu:
-        # More GPUs of the same kind: the smallest valid TP that would fit.
-        for tp in range(gpu_count + 1, 65):
-            if tp_problem(model, tp):
-                continue
-            ev = evaluate(tp)
-            if ev["weights_fit"] and ev["fit_len"] >= (limit if auto_len else wanted_len):
+    if not hw["cpu"]:
+        # More GPUs of the same kind: the smallest valid TP size that would fit.
+        for tp in range(hw["gpu_count"] + 1, 65):
+            if not tp_problem(model, tp) and _evaluate(ctx, tp)["fits"]:
                 nearest["gpus_needed"] = tp
                 parts.append(f"needs {tp} GPUs (tensor_parallel_size {tp})")
                 break
-    message = "nothing fits: " + "; ".join(parts) + "."
+    result = ctx["result"]
     result["nearest"] = nearest
-    raise NoFitError(message, nearest, result)
+    raise NoFitError("nothing fits: " + "; ".join(parts) + ".", nearest, result)
