@@ -113,7 +113,10 @@ ansible_facts:
             - One dict per GPU with index, name, uuid, pci_bus_id (C(00000000:84:00.0)),
               pci_device_id (C(0x2684)), memory_total_mib, compute_capability (C(8.9)),
               architecture (C(ada)), persistence_mode and mig_mode (bool; null when the
-              source cannot tell, e.g. the PCI bus).
+              source cannot tell, e.g. the PCI bus), brand (nvidia-smi's Product Brand,
+              C(GeForce), C(NVIDIA), C(Tesla)...; the container toolkit's C(brand=)
+              conditions compare it) and datacenter (true for Tesla/NVIDIA-brand parts,
+              which CUDA forward compatibility needs; null when the brand is unknown).
           type: list
           elements: dict
   sample:
@@ -135,6 +138,8 @@ ansible_facts:
           architecture: ada
           persistence_mode: true
           mig_mode: false
+          brand: GeForce
+          datacenter: false
 probes:
   description: What each source did (ok with its GPU count, unavailable, or failed with why).
   returned: always

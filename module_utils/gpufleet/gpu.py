@@ -278,8 +278,29 @@ def _facts(source, driver_version, cuda_driver_version, devices, nvlink):
     return facts
 
 
+# nvidia-smi's "Product Brand" for NVML's brand enum (nvml.h nvmlBrandType_t; nvidia-smi
+# prints these names). 14 "NVIDIA" is what A100/H100/H200/A10/T4 report.
+NVML_BRAND_NAMES = {
+    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "GRID", 5: "GeForce", 6: "TITAN",
+    7: "NVIDIA Virtual Applications", 8: "NVIDIA Virtual PC",
+    9: "NVIDIA Virtual Compute Server", 10: "NVIDIA RTX Virtual Workstation",
+    11: "NVIDIA Cloud Gaming", 12: "Quadro RTX", 13: "NVIDIA RTX", 14: "NVIDIA",
+    15: "GeForce RTX", 16: "TITAN RTX",
+}
+# Data-center parts report "Tesla" (up to Volta/Turing) or plain "NVIDIA" (T4 on newer
+# drivers, A10/A100/H100/H200/B200); workstation parts say Quadro / NVIDIA RTX.
+_DATACENTER_BRANDS = ("tesla", "nvidia")
+
+
+def is_datacenter_brand(brand):
+    """True for a data-center GPU brand, False for another brand, None when unknown."""
+    if not brand or brand == "Unknown":
+        return None
+    return " ".join(brand.split()).lower() in _DATACENTER_BRANDS
+
+
 def _device(index, name, uuid, pci_bus_id, pci_device_id, memory_total_mib,
-            compute_capability, architecture, persistence_mode, mig_mode):
+            compute_capability, architecture, persistence_mode, mig_mode, brand=None):
     if compute_capability is None:
         compute_capability = compute_capability_for(name)
     if compute_capability is None and pci_device_id is not None:
@@ -297,6 +318,8 @@ def _device(index, name, uuid, pci_bus_id, pci_device_id, memory_total_mib,
         "architecture": architecture,
         "persistence_mode": persistence_mode,
         "mig_mode": mig_mode,
+        "brand": brand,
+        "datacenter": is_datacenter_brand(brand),
     }
 
 
@@ -382,6 +405,7 @@ def parse_nvidia_smi_xml(text):
             architecture=architecture,
             persistence_mode=_flag(gpu, "persistence_mode"),
             mig_mode=_flag(gpu, "mig_mode/current_mig"),
+            brand=_value(gpu, "product_brand"),
         ))
         state = (_value(gpu, "fabric/state") or "").lower()
         fabric = fabric or state in ("completed", "in progress")
@@ -482,6 +506,7 @@ def facts_from_nvml(nvml):
                 mig_mode=_nvml_optional(
                     nvml, lambda: nvml.nvmlDeviceGetMigMode(handle)[0]
                     == nvml.NVML_DEVICE_MIG_ENABLE),
+                brand=_nvml_brand(nvml, handle),
             ))
         return _facts("nvml", driver, cuda, devices, nvlink if nvlink_known else None)
     finally:
@@ -489,6 +514,13 @@ def facts_from_nvml(nvml):
             nvml.nvmlShutdown()
         except nvml.NVMLError:
             pass
+
+
+def _nvml_brand(nvml, handle):
+    try:
+        return NVML_BRAND_NAMES.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown")
+    except (nvml.NVMLError, AttributeError):
+        return None
 
 
 def _nvml_optional(nvml, query):

@@ -333,7 +333,7 @@ def test_pci_eight_a100_with_nvswitch_bridges(tmp_path):
             "index": index, "name": "A100 SXM4 80GB", "uuid": None,
             "pci_bus_id": device["pci_bus_id"], "pci_device_id": "0x20b2",
             "memory_total_mib": None, "compute_capability": "8.0", "architecture": "ampere",
-            "persistence_mode": None, "mig_mode": None}
+            "persistence_mode": None, "mig_mode": None, "brand": None, "datacenter": None}
     assert gpu.open_kernel_modules_supported(facts) is True
 
 
@@ -419,6 +419,9 @@ class FakeNVML(types.SimpleNamespace):
     def nvmlDeviceGetPersistenceMode(self, h):
         return h["persistence"]
 
+    def nvmlDeviceGetBrand(self, h):
+        return h["brand"]
+
     def nvmlDeviceGetMigMode(self, h):
         if h["mig"] is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -436,13 +439,13 @@ def h100(index):
     return {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-h100-%d" % index,
             "bus": ("00000000:%02X:00.0" % (0x18 + 0x10 * index)).encode(),
             "pci_id": 0x233010DE, "mib": 81559, "cc": (9, 0), "persistence": 1,
-            "mig": 0, "links": [1] * 18}
+            "mig": 0, "links": [1] * 18, "brand": pynvml.NVML_BRAND_NVIDIA}
 
 
 def rtx4090():
     return {"name": "NVIDIA GeForce RTX 4090", "uuid": "GPU-4090", "bus": "00000000:01:00.0",
             "pci_id": 0x268410DE, "mib": 24564, "cc": (8, 9), "persistence": 0,
-            "mig": None, "links": None}
+            "mig": None, "links": None, "brand": pynvml.NVML_BRAND_GEFORCE}
 
 
 def test_nvml_eight_h100():
@@ -456,7 +459,7 @@ def test_nvml_eight_h100():
         "index": 7, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-h100-7",
         "pci_bus_id": "00000000:88:00.0", "pci_device_id": "0x2330",
         "memory_total_mib": 81559, "compute_capability": "9.0", "architecture": "hopper",
-        "persistence_mode": True, "mig_mode": False}
+        "persistence_mode": True, "mig_mode": False, "brand": "NVIDIA", "datacenter": True}
 
 
 def test_nvml_geforce_without_mig_or_nvlink():
@@ -712,3 +715,21 @@ def test_module_documentation_is_yaml():
                                    "sources"}
     yaml.safe_load(gpu_facts.EXAMPLES)
     assert "gpu" in yaml.safe_load(gpu_facts.RETURN)["ansible_facts"]["contains"]
+
+
+@pytest.mark.parametrize("capture,brand,datacenter", [
+    ("netdata-rtx-4090-driver-535.xml", "GeForce", False),
+    ("netdata-a100-sxm4-mig.xml", "NVIDIA", True),
+    ("netdata-tesla-p100.xml", "Tesla", True),
+    ("telegraf-tesla-t4.xml", "NVIDIA", True),
+    ("telegraf-dual_a5000-v13.xml", "NVIDIA RTX", False),
+    ("telegraf-quadro-p2000-v12.xml", "Quadro", False),
+])
+def test_brand_and_datacenter_from_xml(capture, brand, datacenter):
+    facts = gpu.parse_nvidia_smi_xml((FIXTURES / "nvidia-smi" / capture).read_text())
+    assert {(d["brand"], d["datacenter"]) for d in facts["devices"]} == {(brand, datacenter)}
+
+
+def test_brand_from_nvml():
+    facts = gpu.facts_from_nvml(FakeNVML([rtx4090()]))
+    assert facts["devices"][0]["brand"] == "GeForce" and facts["devices"][0]["datacenter"] is False
