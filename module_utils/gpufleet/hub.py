@@ -203,7 +203,9 @@ class HubClient:
         try:
             resp = self.session.get(url, headers=headers, params=params, stream=stream,
                                     timeout=self.timeout, allow_redirects=True)
-        except (requests.ConnectionError, requests.Timeout) as exc:
+        except (requests.ConnectionError, requests.Timeout,
+                requests.exceptions.ChunkedEncodingError,
+                requests.exceptions.ContentDecodingError) as exc:
             raise _Transient(f"connection to {redact_url(url)} failed: "
                              f"{type(exc).__name__}") from None
         code = resp.status_code
@@ -472,6 +474,8 @@ class Fetcher:
                 except OSError as exc:
                     errors.append(HubError(f"{f.path}: {exc.strerror or exc} "
                                            f"({exc.filename or self.dest})"))
+                except Exception as exc:  # noqa: BLE001 - reported per file, run goes on
+                    errors.append(HubError(f"{f.path}: unexpected {type(exc).__name__}: {exc}"))
         return results, errors
 
     def _one(self, f, state):

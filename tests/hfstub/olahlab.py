@@ -14,8 +14,7 @@ import time
 
 import requests
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
+from .venvs import tool_venv
 
 def git_lfs_repo(path, files, lfs_patterns=("*.safetensors", "*.bin")):
     """A git repo at path holding files ({relpath: bytes}); lfs_patterns go through git-lfs.
@@ -59,8 +58,7 @@ class Olah:
         self.proc = None
 
     def __enter__(self):
-        cli = subprocess.run([str(ROOT / "tests/hfstub/olah.sh")], check=True,
-                             capture_output=True, text=True).stdout.strip()
+        cli = str(tool_venv("olah") / "olah-cli")
         conf = self.workdir / "olah.toml"
         conf.write_text(
             "[basic]\n"

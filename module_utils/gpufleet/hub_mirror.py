@@ -1,0 +1,192 @@
+"""Site mirror: turn verified model folders into a static tree a web server (nginx) serves
+as the Hugging Face API subset that hf_model, `hf download` and `vllm serve` use.
+
+Input: folders fetched by hf_model (each with ``.gpufleet/manifest.json``). Output under
+``root`` (nothing is copied: the files are served through symlinks, with sendfile):
+
+- ``www/api/models/ORG/REPO/revision/{REV,COMMIT}``: repo info JSON (``sha``,
+  ``siblings`` with ``rfilename``, ``size``, ``blobId``, ``lfs``), like the hub's
+  ``?blobs=true`` answer (huggingface_hub hf_api.py ModelInfo / RepoSibling).
+- ``www/api/models/ORG/REPO/tree/{REV,COMMIT}``: the recursive tree listing (``type``,
+  ``path``, ``size``, ``oid``, ``lfs.oid`` sha256), as huggingface_hub list_repo_tree reads it.
+- ``www/ORG/REPO/resolve/COMMIT`` -> the model folder; ``resolve/REV`` -> ``COMMIT``.
+- ``nginx/etags.map`` (``"ORG/REPO/PATH" "DIGEST";``), ``nginx/commits.map``,
+  ``nginx/revisions.map``: included by the server config so nginx answers with ETag
+  (sha256 for LFS, git blob sha1 otherwise), X-Repo-Commit and X-Error-Code, and serves
+  only files the manifest lists (never ``.gpufleet/``).
+
+Only complete manifests whose files still have their recorded size and mtime are
+published. No Ansible imports.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+from .hub import (STATE_DIR, HubError, MANIFEST_NAME, RepoFile, manifest_trusts,
+                  safe_relpath, validate_repo_id)
+
+_NGINX_UNSAFE = re.compile(r'["\\$;{}\s\x00-\x1f]')
+
+
+def read_model_folder(folder, repo_id=None):
+    """The manifest of a folder fetched by hf_model, checked against the disk."""
+    path = os.path.join(folder, STATE_DIR, MANIFEST_NAME)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise HubError(f"{folder} has no readable manifest ({path}: {exc}); fetch it with "
+                       "hf_model first.") from None
+    if not manifest.get("complete"):
+        raise HubError(f"{folder}: the last fetch did not complete; run hf_model again "
+                       "before publishing it.")
+    repo_id = validate_repo_id(repo_id or manifest.get("repo_id"))
+    if "/" not in repo_id:
+        raise HubError(f"{folder}: repo id {repo_id!r} needs an org ('org/name') to be served.")
+    files = []
+    for rel, entry in sorted(manifest.get("files", {}).items()):
+        safe_relpath(rel)
+        if _NGINX_UNSAFE.search(rel):
+            raise HubError(f"{folder}: file name {rel!r} has characters the mirror cannot "
+                           "serve (quotes, '$', ';', braces, whitespace).")
+        algorithm = "sha256" if "sha256" in entry else "sha1"
+        f = RepoFile(rel, entry["size"], algorithm, entry[algorithm])
+        try:
+            st = os.stat(os.path.join(folder, rel))
+        except OSError:
+            st = None
+        if st is None or not manifest_trusts(entry, f, st):
+            raise HubError(f"{folder}/{rel} changed since it was verified (size or mtime); "
+                           "run hf_model with verify: full on that folder first.")
+        files.append(f)
+    return {"repo_id": repo_id, "commit": manifest["commit"],
+            "revision": manifest.get("revision") or "main", "folder": os.path.abspath(folder),
+            "files": files}
+
+
+def _pointer_blob_id(f):
+    """The git blob id of the LFS pointer file, what the hub lists as an LFS file's oid."""
+    pointer = (f"version https://git-lfs.github.com/spec/v1\noid sha256:{f.digest}\n"
+               f"size {f.size}\n").encode()
+    return hashlib.sha1(b"blob %d\0" % len(pointer) + pointer).hexdigest(), len(pointer)
+
+
+def tree_listing(files):
+    entries, dirs = [], set()
+    for f in files:
+        parts = f.path.split("/")
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        if f.algorithm == "sha256":
+            oid, pointer_size = _pointer_blob_id(f)
+            entries.append({"type": "file", "oid": oid, "size": f.size, "path": f.path,
+                            "lfs": {"oid": f.digest, "size": f.size,
+                                    "pointerSize": pointer_size}})
+        else:
+            entries.append({"type": "file", "oid": f.digest, "size": f.size, "path": f.path})
+    entries += [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0,
+                 "path": d} for d in dirs]
+    return sorted(entries, key=lambda e: e["path"])
+
+
+def repo_info(model):
+    siblings = []
+    for f in model["files"]:
+        s = {"rfilename": f.path, "size": f.size}
+        if f.algorithm == "sha256":
+            s["blobId"] = _pointer_blob_id(f)[0]
+            s["lfs"] = {"sha256": f.digest, "size": f.size, "pointerSize": _pointer_blob_id(f)[1]}
+        else:
+            s["blobId"] = f.digest
+        siblings.append(s)
+    org = model["repo_id"].split("/")[0]
+    return {"_id": model["commit"][:24], "id": model["repo_id"], "modelId": model["repo_id"],
+            "author": org, "sha": model["commit"], "private": False, "gated": False,
+            "disabled": False, "tags": [], "siblings": siblings}
+
+
+def plan_site(models):
+    """{relative path: content (bytes) or ('symlink', target)} for the whole site."""
+    seen, out = {}, {}
+    etags, commits, revisions = [], [], []
+    for m in models:
+        rid = m["repo_id"]
+        if rid in seen:
+            raise HubError(f"{rid} is given twice ({seen[rid]} and {m['folder']}); a site "
+                           "mirror serves one folder per repo.")
+        seen[rid] = m["folder"]
+        revs = sorted({m["revision"], m["commit"]})
+        info = json.dumps(repo_info(m), indent=1).encode()
+        tree = json.dumps(tree_listing(m["files"]), indent=1).encode()
+        for rev in revs:
+            out[f"www/api/models/{rid}/revision/{rev}"] = info
+            out[f"www/api/models/{rid}/tree/{rev}"] = tree
+            revisions.append(f'"{rid}/{rev}" 1;')
+            if rev != m["commit"]:
+                out[f"www/{rid}/resolve/{rev}"] = ("symlink", m["commit"])
+        out[f"www/{rid}/resolve/{m['commit']}"] = ("symlink", m["folder"])
+        commits.append(f'"{rid}" "{m["commit"]}";')
+        etags += [f'"{rid}/{f.path}" "{f.digest}";' for f in m["files"]]
+    for name, lines in (("etags", etags), ("commits", commits), ("revisions", revisions)):
+        out[f"nginx/{name}.map"] = ("\n".join(sorted(lines)) + "\n").encode()
+    return out
+
+
+def apply_site(root, plan, check_mode=False):
+    """Write the plan under root, removing what an earlier plan left; returns changed paths."""
+    changed = []
+    for rel, content in sorted(plan.items()):
+        path = os.path.join(root, rel)
+        if isinstance(content, tuple):
+            target = content[1]
+            if os.path.islink(path) and os.readlink(path) == target:
+                continue
+            changed.append(rel)
+            if not check_mode:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = path + ".tmp"
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+                os.symlink(target, tmp)
+                os.replace(tmp, path)
+            continue
+        try:
+            with open(path, "rb") as fh:
+                if fh.read() == content and not os.path.islink(path):
+                    continue
+        except OSError:
+            pass
+        changed.append(rel)
+        if not check_mode:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "wb") as fh:
+                fh.write(content)
+            os.replace(path + ".tmp", path)
+    for sub in ("www", "nginx"):
+        top = os.path.join(root, sub)
+        for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+            for name in filenames + [d for d in dirnames
+                                     if os.path.islink(os.path.join(dirpath, d))]:
+                rel = os.path.relpath(os.path.join(dirpath, name), root)
+                if rel not in plan:
+                    changed.append(rel)
+                    if not check_mode:
+                        os.unlink(os.path.join(dirpath, name))
+            if not check_mode and dirpath != top and not os.listdir(dirpath):
+                os.rmdir(dirpath)
+    return changed
+
+
+def build_site(root, folders, check_mode=False):
+    """Publish folders ([{'path': ..., 'repo_id': optional}]) under root."""
+    models = [read_model_folder(f["path"], f.get("repo_id")) for f in folders]
+    if not models:
+        raise HubError("give at least one model folder to publish.")
+    changed = apply_site(root, plan_site(models), check_mode)
+    return {"changed": bool(changed), "changed_paths": changed,
+            "repos": [{"repo_id": m["repo_id"], "commit": m["commit"],
+                       "revision": m["revision"], "folder": m["folder"],
+                       "files": len(m["files"]), "bytes": sum(f.size for f in m["files"])}
+                      for m in models]}

@@ -1,0 +1,196 @@
+"""Site mirror: gpufleet.hub_mirror, the hf_mirror_index module and the hf_site_mirror role
+served by a real nginx, fetched from by hf_model and by `hf download` (huggingface_hub).
+
+Model folders are fetched with hf_model from tests/hfstub/server.py (a STAND-IN hub).
+"""
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import requests
+
+import hf_mirror_index
+import hf_model
+from gpufleet import hub, hub_mirror
+from helpers import run_module
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from hfstub.server import HubStub, Repo, git_blob_sha1  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FILES = {
+    "config.json": b'{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}',
+    "tokenizer/tokenizer.json": b'{"version": "1.0", "model": {}}' * 50,
+    "model.safetensors": os.urandom(3 << 20),
+}
+
+
+@pytest.fixture
+def fetched(tmp_path):
+    """A folder fetched (and verified) by hf_model."""
+    folder = tmp_path / "models" / "tiny"
+    with HubStub([Repo("lab/tiny", FILES)]) as s:
+        hub.sync_repo(hub.HubClient(s.url), "lab/tiny", "main", folder)
+        commit = s.repos["lab/tiny"].commit
+    return folder, commit
+
+
+def test_site_tree_lists_the_manifest_hashes(fetched, tmp_path):
+    folder, commit = fetched
+    site = tmp_path / "site"
+    res = hub_mirror.build_site(site, [{"path": str(folder)}])
+    assert res["changed"] and res["repos"][0]["commit"] == commit
+    tree = json.loads((site / f"www/api/models/lab/tiny/tree/{commit}").read_text())
+    files = {e["path"]: e for e in tree if e["type"] == "file"}
+    assert set(files) == set(FILES)
+    assert files["model.safetensors"]["lfs"]["oid"] == hashlib.sha256(FILES["model.safetensors"]).hexdigest()
+    assert files["config.json"]["oid"] == git_blob_sha1(FILES["config.json"])
+    assert {"type": "directory", "path": "tokenizer"}.items() <= next(
+        e for e in tree if e["path"] == "tokenizer").items()
+    info = json.loads((site / "www/api/models/lab/tiny/revision/main").read_text())
+    assert info["sha"] == commit and len(info["siblings"]) == 3
+    # resolve links point into the folder: nothing copied
+    assert os.readlink(site / "www/lab/tiny/resolve/main") == commit
+    assert os.readlink(site / f"www/lab/tiny/resolve/{commit}") == str(folder)
+    assert (site / "www/lab/tiny/resolve/main/model.safetensors").read_bytes() == FILES["model.safetensors"]
+    etags = (site / "nginx/etags.map").read_text()
+    assert f'"lab/tiny/config.json" "{git_blob_sha1(FILES["config.json"])}";' in etags
+    # idempotent, and check mode writes nothing
+    again = hub_mirror.build_site(site, [{"path": str(folder)}])
+    assert again["changed"] is False and again["changed_paths"] == []
+
+
+def test_site_drops_what_is_no_longer_published(fetched, tmp_path):
+    folder, _ = fetched
+    site = tmp_path / "site"
+    hub_mirror.build_site(site, [{"path": str(folder)}])
+    res = hub_mirror.build_site(site, [{"path": str(folder), "repo_id": "other/name"}],
+                                check_mode=True)
+    assert res["changed"] and any("lab/tiny" in p for p in res["changed_paths"])
+    assert (site / "www/api/models/lab/tiny/revision/main").exists()  # check mode
+    hub_mirror.build_site(site, [{"path": str(folder), "repo_id": "other/name"}])
+    assert not (site / "www/api/models/lab").exists()
+    assert not os.path.lexists(site / "www/lab/tiny/resolve/main")
+    assert "lab/tiny" not in (site / "nginx/etags.map").read_text()
+
+
+def test_refuses_folders_that_are_not_verified(fetched, tmp_path):
+    folder, _ = fetched
+    with pytest.raises(hub.HubError, match="no readable manifest"):
+        hub_mirror.build_site(tmp_path / "s", [{"path": str(tmp_path)}])
+    os.utime(folder / "config.json", ns=(1, 1))
+    with pytest.raises(hub.HubError, match="changed since it was verified"):
+        hub_mirror.build_site(tmp_path / "s", [{"path": str(folder)}])
+    assert not (tmp_path / "s").exists()
+
+
+def test_refuses_incomplete_fetch_and_duplicates(fetched, tmp_path):
+    folder, _ = fetched
+    with pytest.raises(hub.HubError, match="given twice"):
+        hub_mirror.build_site(tmp_path / "s", [{"path": str(folder)}] * 2)
+    m = folder / ".gpufleet/manifest.json"
+    data = json.loads(m.read_text())
+    m.write_text(json.dumps(dict(data, complete=False)))
+    with pytest.raises(hub.HubError, match="did not complete"):
+        hub_mirror.build_site(tmp_path / "s", [{"path": str(folder)}])
+
+
+def test_module_check_mode_and_rerun(fetched, tmp_path, monkeypatch):
+    folder, _ = fetched
+    a = {"root": str(tmp_path / "site"), "models": [{"path": str(folder)}]}
+    res, failed = run_module(hf_mirror_index.main, a, monkeypatch, check_mode=True)
+    assert not failed and res["changed"] and not (tmp_path / "site").exists()
+    res, failed = run_module(hf_mirror_index.main, a, monkeypatch)
+    assert not failed and res["changed"] and res["repos"][0]["files"] == 3
+    res, failed = run_module(hf_mirror_index.main, a, monkeypatch)
+    assert not failed and res["changed"] is False
+    res, failed = run_module(hf_mirror_index.main, {"root": a["root"], "models": [{"x": 1}]},
+                             monkeypatch)
+    assert failed and "has no path" in res["msg"]
+
+
+def _playbook(tmp_path, folder, port):
+    pb = tmp_path / "site.yml"
+    pb.write_text(f"""
+- hosts: localhost
+  gather_facts: false
+  roles:
+    - role: hf_site_mirror
+      vars:
+        hf_site_mirror_models: [{{path: "{folder}"}}]
+        hf_site_mirror_root: "{tmp_path / 'site'}"
+        hf_site_mirror_listen: "127.0.0.1:{port}"
+        hf_site_mirror_nginx_conf_dir: "{tmp_path / 'conf.d'}"
+        hf_site_mirror_install: false
+        hf_site_mirror_manage_service: false
+""")
+    (tmp_path / "conf.d").mkdir(exist_ok=True)
+    out = subprocess.run(
+        [str(ROOT / ".venv/bin/ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
+         f"ansible_python_interpreter={ROOT / '.venv/bin/python'}", str(pb)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.slow
+def test_role_serves_hf_model_and_hf_download(fetched, tmp_path, monkeypatch):
+    """Issue 'must show': hf_model and `hf download` both fetch correctly from the site
+    mirror (nginx, sendfile), with hashes, ETag, X-Repo-Commit, Range and error codes."""
+    from hfstub.nginxlab import Nginx, free_port
+    from hfstub.venvs import tool_venv
+
+    folder, commit = fetched
+    port = free_port()
+    first = _playbook(tmp_path, folder, port)
+    assert "changed=2" in first
+    assert "changed=0" in _playbook(tmp_path, folder, port)  # idempotent
+    url = f"http://127.0.0.1:{port}"
+    with Nginx(tmp_path / "nginx", tmp_path / "conf.d") as n:
+        n.wait(url)
+        head = requests.head(f"{url}/lab/tiny/resolve/main/model.safetensors", timeout=10)
+        assert head.headers["ETag"] == f'"{hashlib.sha256(FILES["model.safetensors"]).hexdigest()}"'
+        assert head.headers["X-Repo-Commit"] == commit
+        part = requests.get(f"{url}/lab/tiny/resolve/{commit}/config.json",
+                            headers={"Range": "bytes=5-"}, timeout=10)
+        assert part.status_code == 206 and part.content == FILES["config.json"][5:]
+        for path, code, error in (("lab/tiny/resolve/main/missing.json", 404, "EntryNotFound"),
+                                  ("lab/tiny/resolve/main/.gpufleet/manifest.json", 404,
+                                   "EntryNotFound"),
+                                  ("lab/tiny/resolve/nobranch/config.json", 404,
+                                   "RevisionNotFound"),
+                                  ("api/models/no/repo/revision/main", 401, "RepoNotFound")):
+            r = requests.get(f"{url}/{path}", timeout=10)
+            assert (r.status_code, r.headers.get("X-Error-Code")) == (code, error), path
+
+        dest = tmp_path / "via-hf_model"
+        res, failed = run_module(hf_model.main, {"repo_id": "lab/tiny", "dest": str(dest),
+                                                 "endpoint": url}, monkeypatch)
+        assert not failed and res["commit"] == commit
+        res2, _ = run_module(hf_model.main, {"repo_id": "lab/tiny", "dest": str(dest),
+                                             "endpoint": url}, monkeypatch)
+        assert res2["changed"] is False
+
+        hf = tool_venv("hfhub")
+        env = dict(os.environ, HF_ENDPOINT=url, HF_HOME=str(tmp_path / "hf-home"),
+                   HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_XET="1")
+        local = tmp_path / "via-hf-download"
+        out = subprocess.run([str(hf / "hf"), "download", "lab/tiny", "--local-dir", str(local)],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        # the same client's own view: a missing optional file is "not there", not an error
+        probe = subprocess.run(
+            [str(hf / "python"), "-c",
+             "import huggingface_hub as h;"
+             "print(h.file_exists('lab/tiny','generation_config.json'),"
+             " h.file_exists('lab/tiny','config.json'),"
+             " h.HfApi().model_info('lab/tiny').sha)"],
+            env=env, capture_output=True, text=True, timeout=120)
+        assert probe.stdout.split() == ["False", "True", commit], probe.stderr[-2000:]
+    for rel, data in FILES.items():
+        assert (dest / rel).read_bytes() == data
+        assert (local / rel).read_bytes() == data
