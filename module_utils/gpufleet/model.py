@@ -81,17 +81,19 @@ REQUIRED_FIELDS = ("architectures or model_type", "num_hidden_layers",
 
 # DeepSeek-V4: what vLLM does, and what gpufleet would need to predict it.
 DEEPSEEK_V4_MISSING = (
-    "DeepSeek-V4 (model_type deepseek_v4) keeps five KV caches per layer kind: the "
-    "compressed main KV of c4a (1/4) and c128a (1/128) layers, the c4a indexer cache, "
-    "the compressor state and a sliding window (config `sliding_window`), packed by "
-    "vLLM into page-size buckets with block size 256 and fp8/fp4 entries "
-    "(vllm/model_executor/layers/deepseek_v4_attention.py: 584-byte fp8 sparse MLA "
-    "entries = 448 fp8 NoPE + 64 bf16 RoPE + 7 scale bytes + 1 pad; "
-    "vllm/v1/attention/backends/mla/sparse_swa.py DeepseekV4SWACache). gpufleet does not "
-    "yet model the indexer entry size, the compressor-state window per layer kind, or how "
-    "the hybrid allocator pads the buckets to one page size, so it cannot predict KV "
-    "tokens without guessing. Run vLLM once with --kv-cache-memory-bytes and read "
-    "'KV cache size: N tokens' from its log instead."
+    "DeepSeek-V4 (model_type deepseek_v4) is not modelled: vLLM keeps, per layer kind, "
+    "a compressed main KV (c4a 1/4, c128a 1/128 per config compress_ratios), a c4a "
+    "indexer cache, the compressor state and a sliding window (config sliding_window), "
+    "packed into page-size buckets with block size 256 and fp8 entries. Read in vLLM "
+    "(vllm/model_executor/layers/deepseek_v4_attention.py): main KV entries of 584 bytes "
+    "per token (448 fp8 NoPE + 64 bf16 RoPE + 7 scale bytes + 1 pad); indexer entries of "
+    "index_head_dim + index_head_dim/128 x 4 = 132 bytes per compressed token in an "
+    "MLAAttentionSpec with compress_ratio and 576-byte page alignment. Not found: how "
+    "that spec turns compress_ratio and alignment into a page size, the size of the "
+    "compressor state cache (DeepseekCompressor) and of the sliding-window cache "
+    "(DeepseekV4SWACache) per token, and the bucket padding. Predicting tokens without "
+    "them would be a guess: run vLLM once with --kv-cache-memory-bytes and read its "
+    "'KV cache size: N tokens' line instead."
 )
 
 
