@@ -34,18 +34,7 @@ class UnsupportedModelError(ModelError):
     """The model is understood but its KV cache cannot be predicted honestly."""
 
 
-# Bytes per element of torch dtype names as they appear in config.json.
-DTYPE_BYTES = {
-    "float32": 4, "float": 4, "fp32": 4,
-    "bfloat16": 2, "float16": 2, "half": 2, "fp16": 2, "bf16": 2,
-    "float8_e4m3fn": 1, "fp8": 1,
-}
-# Bytes per element of safetensors dtype codes (safetensors format spec).
-SAFETENSORS_DTYPE_BYTES = {
-    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
-    "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1,
-    "BOOL": 1, "F4": 1,
-}
+# Safetensors dtype codes of 16/32-bit checkpoints, as config.json torch_dtype names.
 SAFETENSORS_TO_TORCH = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 # Architecture-name endings vLLM's registry runs as generative models
