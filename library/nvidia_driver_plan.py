@@ -43,9 +43,16 @@ options:
     elements: dict
     default: []
   fabricmanager:
-    description: Also install fabric manager of the same version (NVSwitch systems).
-    type: bool
-    default: false
+    description:
+      - Install fabric manager of the same version. C(auto) does so when the PCI bus
+        shows NVSwitch chips (NVIDIA bridges, class 0x0680).
+    type: str
+    choices: [auto, enabled, disabled]
+    default: auto
+  sysfs_root:
+    description: Root of the sysfs tree scanned for NVSwitch chips.
+    type: path
+    default: /sys
   distribution:
     description: C(ansible_facts.distribution), for example C(Ubuntu).
     type: str
@@ -116,13 +123,34 @@ plan:
     installed_version: {description: The meta's installed version, null when absent., type: str}
     stream: {description: DNF module stream (dnf only)., type: str, sample: 580-open}
     changes: {description: Whether the driver packages will change., type: bool}
+    fabricmanager: {description: Whether fabric manager is part of the plan., type: bool}
+    nvswitches: {description: NVSwitch chips found on the PCI bus., type: int}
 """
+
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.gpufleet.hoststack import (
-    HostStackError, cuda_repo, kernel_module_flavor, plan_driver, read_repository)
+    HostStackError, cuda_repo, kernel_module_flavor, nvswitch_count, plan_driver,
+    read_repository, wants_fabricmanager)
 from ansible.module_utils.urls import open_url
+
+
+def read_pci(sysfs_root):
+    """(vendor, class) of every PCI device in sysfs; empty when there is no PCI bus."""
+    base = os.path.join(sysfs_root, "bus", "pci", "devices")
+    found = []
+    for entry in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        try:
+            with open(os.path.join(base, entry, "vendor"), encoding="ascii") as fh:
+                vendor = int(fh.read().strip(), 16)
+            with open(os.path.join(base, entry, "class"), encoding="ascii") as fh:
+                cls = int(fh.read().strip(), 16)
+        except (OSError, ValueError):
+            continue
+        found.append((vendor, cls))
+    return found
 
 
 def main():
@@ -133,7 +161,8 @@ def main():
             upgrade=dict(type="bool", default=False),
             kernel_module=dict(type="str", default="auto", choices=["auto", "open", "proprietary"]),
             devices=dict(type="list", elements="dict", default=[]),
-            fabricmanager=dict(type="bool", default=False),
+            fabricmanager=dict(type="str", default="auto", choices=["auto", "enabled", "disabled"]),
+            sysfs_root=dict(type="path", default="/sys"),
             distribution=dict(type="str", required=True),
             distribution_version=dict(type="str", required=True),
             architecture=dict(type="str", required=True),
@@ -152,8 +181,11 @@ def main():
         flavor = kernel_module_flavor(p["branch"], p["devices"], p["kernel_module"])
         repo = cuda_repo(p["distribution"], p["distribution_version"], p["architecture"], p["repo_url"])
         available = read_repository(repo, fetch, "nvidia_driver_repo_url")
+        nvswitches = nvswitch_count(read_pci(p["sysfs_root"]))
+        fabricmanager = wants_fabricmanager(p["fabricmanager"], nvswitches)
         plan = plan_driver(repo["manager"], p["branch"], p["version"], p["upgrade"], flavor,
-                           p["fabricmanager"], p["installed"], available)
+                           fabricmanager, p["installed"], available)
+        plan.update(fabricmanager=fabricmanager, nvswitches=nvswitches)
     except HostStackError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, repo=repo, plan=plan)

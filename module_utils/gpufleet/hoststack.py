@@ -223,6 +223,27 @@ def kernel_module_flavor(branch, devices, requested="auto"):
     return requested
 
 
+NVIDIA_PCI_VENDOR = 0x10DE
+NVSWITCH_PCI_CLASS = 0x0680  # "bridge, other": how NVSwitch chips enumerate (lspci -d 10de: shows "Bridge")
+
+
+def nvswitch_count(pci_devices):
+    """Number of NVSwitch chips among (vendor, class) pairs read from sysfs.
+
+    `class` is the 24-bit value of /sys/bus/pci/devices/*/class (0x068000); only its
+    upper 16 bits name the class. Fabric manager is needed exactly when this is > 0.
+    """
+    return sum(1 for vendor, cls in pci_devices
+               if vendor == NVIDIA_PCI_VENDOR and (cls >> 8) == NVSWITCH_PCI_CLASS)
+
+
+def wants_fabricmanager(setting, nvswitches):
+    """auto: install fabric manager when NVSwitches are present; enabled/disabled force it."""
+    if setting not in ("auto", "enabled", "disabled"):
+        raise HostStackError(f"fabric manager setting {setting!r} must be auto, enabled or disabled")
+    return setting == "enabled" or (setting == "auto" and nvswitches > 0)
+
+
 def driver_packages(manager, branch, flavor, fabricmanager=False):
     """Package names for a driver branch: what to install and what to hold.
 
