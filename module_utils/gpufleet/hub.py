@@ -307,10 +307,21 @@ def load_manifest(dest):
 
 
 def _write_json_atomic(path, data):
+    """Replace path atomically, keeping the mode and owner a role may have given it."""
     tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
         fh.write("\n")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        os.chmod(tmp, st.st_mode & 0o7777)
+        try:
+            os.chown(tmp, st.st_uid, st.st_gid)
+        except PermissionError:
+            pass
     os.replace(tmp, path)
 
 

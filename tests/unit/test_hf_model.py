@@ -230,3 +230,51 @@ def test_against_olah_offline_mirror(tmp_path, monkeypatch):
         assert res3["bytes_downloaded"] == 1 << 20
         assert (dest / "model-00002-of-00002.safetensors").read_bytes() == \
             files["model-00002-of-00002.safetensors"]
+
+
+@pytest.mark.slow
+def test_model_fetch_role_async_progress_modes_and_rerun(tmp_path):
+    """roles/model_fetch: check mode, an async fetch with progress reports, modes that let
+    the group read but not write, a re-run that changes nothing, the token never shown."""
+    big = os.urandom(8 << 20)
+    files = {"config.json": FILES["config.json"], "model.safetensors": big}
+    root = tmp_path / "models"
+    with HubStub([Repo("org/tiny", files)], token=TOKEN, throttle_bps=1 << 20) as s:
+        pb = tmp_path / "fetch.yml"
+        pb.write_text(f"""
+- hosts: localhost
+  gather_facts: false
+  roles:
+    - role: model_fetch
+      vars:
+        model_fetch_models: [{{repo_id: org/tiny}}]
+        model_fetch_root: "{root}"
+        model_fetch_endpoint: "{s.url}"
+        model_fetch_token: "{TOKEN}"
+        model_fetch_group: root
+        model_fetch_create_group: false
+        model_fetch_progress_interval: 5
+""")
+
+        def play(*extra):
+            out = subprocess.run(
+                [str(ROOT / ".venv/bin/ansible-playbook"), "-i", "localhost,", "-c", "local",
+                 "-e", f"ansible_python_interpreter={ROOT / '.venv/bin/python'}", str(pb),
+                 *extra], cwd=ROOT, capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+            assert TOKEN not in out.stdout + out.stderr
+            return out.stdout
+
+        checked = play("--check")
+        assert not (root / "org/tiny/model.safetensors").exists()
+        assert "would_download" in play("--check", "-v") or "would_download" in checked
+        first = play()
+        s.throttle_bps = None
+        second = play()
+    dest = root / "org/tiny"
+    assert (dest / "model.safetensors").read_bytes() == big
+    assert "files," in first and "GiB verified" in first  # a progress report while it ran
+    assert "changed=True" in first and "changed=False" in second
+    assert "changed=0" in second.split("PLAY RECAP")[1], second
+    assert (dest.stat().st_mode & 0o777) == 0o750
+    assert ((dest / "model.safetensors").stat().st_mode & 0o777) == 0o640
