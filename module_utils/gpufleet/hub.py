@@ -679,17 +679,28 @@ def _file_result(f, status):
 
 def _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan, outcome, old):
     """Record the verified files; returns True when the file list changed."""
-    files = {}
-    for f, _ in plan:
-        if f.path not in outcome:
-            continue
-        st = os.stat(fetcher.final_path(f))
-        files[f.path] = {"size": f.size, f.algorithm: f.digest, "mtime_ns": st.st_mtime_ns}
-    path = os.path.join(state_dir(dest), MANIFEST_NAME)
-    if files == old and all(f.path in outcome for f, _ in plan):
+    verified = [f for f, _ in plan if f.path in outcome]
+    files = manifest_entries(dest, verified)
+    if files == old and len(verified) == len(plan):
         return False
-    _write_json_atomic(path, {
-        "format": MANIFEST_FORMAT, "repo_id": repo_id, "revision": revision,
-        "commit": commit, "endpoint": redact_url(client.endpoint), "verified_at": _now(),
-        "complete": len(files) == len(plan), "files": files})
+    write_manifest(dest, repo_id, revision, commit, client.endpoint, files,
+                   complete=len(verified) == len(plan))
     return True
+
+
+def manifest_entries(dest, files):
+    """{path: {size, sha256|sha1, mtime_ns}} of RepoFiles whose bytes were verified."""
+    entries = {}
+    for f in files:
+        st = os.stat(os.path.join(dest, *f.path.split("/")))
+        entries[f.path] = {"size": f.size, f.algorithm: f.digest, "mtime_ns": st.st_mtime_ns}
+    return entries
+
+
+def write_manifest(dest, repo_id, revision, commit, endpoint, entries, complete=True):
+    """dest/.gpufleet/manifest.json: what was verified, when, from where (never a token)."""
+    os.makedirs(state_dir(dest), exist_ok=True)
+    _write_json_atomic(os.path.join(state_dir(dest), MANIFEST_NAME), {
+        "format": MANIFEST_FORMAT, "repo_id": repo_id, "revision": revision,
+        "commit": commit, "endpoint": redact_url(endpoint), "verified_at": _now(),
+        "complete": complete, "files": entries})
