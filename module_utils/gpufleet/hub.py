@@ -385,7 +385,9 @@ def _now():
 
 
 def _flat(path):
-    return path.replace("/", "%2F")
+    """One file name for a repo path (hashed when too long for a file name)."""
+    name = path.replace("%", "%25").replace("/", "%2F")
+    return name if len(name.encode()) <= 200 else hashlib.sha1(path.encode()).hexdigest()
 
 
 class _Partial:
@@ -442,7 +444,7 @@ class Fetcher:
 
     # -- classification (no writes) ---------------------------------------------------
     def classify(self, files, manifest):
-        """-> list of (file, state) with state trusted | present | missing, and bytes."""
+        """-> [(file, state)], state: trusted | present (to hash) | stale | missing."""
         plan = []
         for f in files:
             try:
@@ -451,7 +453,7 @@ class Fetcher:
                 plan.append((f, "missing"))
                 continue
             if not os.path.isfile(self.final_path(f)) or st.st_size != f.size:
-                plan.append((f, "missing"))
+                plan.append((f, "stale"))  # another revision's file, or a broken one
             elif self.verify == "manifest" and manifest_trusts(manifest.get(f.path), f, st):
                 plan.append((f, "trusted"))
             else:
@@ -461,7 +463,7 @@ class Fetcher:
     def bytes_to_fetch(self, plan):
         total = 0
         for f, state in plan:
-            if state == "missing":
+            if state in ("missing", "stale"):
                 try:
                     have = os.path.getsize(self.partial_path(f))
                 except OSError:
@@ -500,6 +502,8 @@ class Fetcher:
                 self.stats.add(file_done=True)
                 return "verified"
             self.quarantine(f, final, got)  # rotten or foreign bytes leave the final name
+        elif state == "stale":
+            self.quarantine(f, final, f"size {os.path.getsize(final)}")
         self._download(f)
         self.stats.add(file_done=True)
         return "downloaded"
@@ -642,9 +646,10 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
     result = {"commit": commit, "bytes_to_download": needed, "quarantined": [],
               "manifest": os.path.join(state_dir(dest), MANIFEST_NAME)}
     if check_mode:
-        would = {"missing": "would_download", "present": "would_verify",
-                 "trusted": "trusted"}
-        result.update(changed=any(s == "missing" for _, s in plan), bytes_downloaded=0,
+        would = {"missing": "would_download", "stale": "would_download",
+                 "present": "would_verify", "trusted": "trusted"}
+        result.update(changed=any(s in ("missing", "stale") for _, s in plan),
+                      bytes_downloaded=0,
                       bytes_verified=0,
                       files=[_file_result(f, would[s]) for f, s in plan])
         return result

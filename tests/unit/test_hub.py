@@ -400,3 +400,15 @@ def test_over_100_injected_faults_never_leave_a_wrong_file(tmp_path):
     assert all(faults.get(k, 0) > 0 for k in ALL_FAULTS), faults
     assert quarantined > 0  # flipped bytes were caught by the hash, not by luck
     assert outcomes["ok"] > 0
+
+
+def test_wrong_size_file_leaves_its_final_name_even_if_the_fetch_fails(files, tmp_path):
+    name = "model-00000.safetensors"
+    (tmp_path / name).write_bytes(b"an older revision of this file")
+    with HubStub([Repo("org/model", files)], corrupt={name: b"x" * len(files[name])}) as s:
+        plan = hub.sync_repo(client(s.url), "org/model", "main", tmp_path, check_mode=True)
+        assert {f["path"]: f["status"] for f in plan["files"]}[name] == "would_download"
+        with pytest.raises(hub.HubError, match="mismatch"):
+            hub.sync_repo(client(s.url), "org/model", "main", tmp_path)
+    assert not (tmp_path / name).exists()
+    assert_tree_matches(tmp_path, files, only_present=True)
