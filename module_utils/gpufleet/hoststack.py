@@ -309,7 +309,8 @@ def resolve_driver_version(branch, requested, installed, available, upgrade=Fals
         if not matches:
             raise HostStackError(
                 f"driver {requested} is not in the repository; branch {branch} versions "
-                f"there: {', '.join(upstream_version(v) for v in ordered)}")
+                f"there: {', '.join(upstream_version(v) for v in ordered)}. Set "
+                "nvidia_driver_version to one of them, or empty for the newest")
         return matches[-1]
     if installed and not upgrade:
         return installed
