@@ -8,7 +8,7 @@ module: vllm_ready
 short_description: Wait until a vLLM server is healthy, lists its model and serves a request
 description:
   - Polls C(/health) until it answers 200, then C(/v1/models) until it lists
-    O(served_model_name), then sends one real request that must succeed: a short
+    O(served_model_name), then sends one real request that must succeed, a short
     completion (O(runner=generate)) or an embedding (O(runner=pooling)).
   - Then sends O(warmup_requests) one-token requests (the first requests after a start
     are slow while kernels compile and caches fill).
