@@ -194,8 +194,10 @@ TINY_CHAT_TEMPLATE = (
 
 
 def build_tiny(out: pathlib.Path) -> None:
-    """A tiny random Llama for fast tests: 2 layers, hidden 64, 4 heads (2 KV heads,
-    head_dim 16), a 512-token byte-level BPE tokenizer trained here, seed 0."""
+    """A tiny random Llama for fast tests: 2 layers, hidden 64, 4 heads (2 KV heads) of
+    head_dim 32 (explicit: vLLM's CPU attention supports head sizes 32, 64, 80, ... only,
+    vllm/v1/attention/backends/cpu_attn.py, so hidden/heads = 16 would not run), a
+    512-token byte-level BPE tokenizer trained here, seed 0."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -217,7 +219,7 @@ def build_tiny(out: pathlib.Path) -> None:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=bpe.get_vocab_size(), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         max_position_embeddings=2048, bos_token_id=bos, eos_token_id=eos,
         pad_token_id=tok.pad_token_id, tie_word_embeddings=False, dtype="bfloat16",
     )
