@@ -194,3 +194,77 @@ def test_role_serves_hf_model_and_hf_download(fetched, tmp_path, monkeypatch):
     for rel, data in FILES.items():
         assert (dest / rel).read_bytes() == data
         assert (local / rel).read_bytes() == data
+
+
+LAB_TINY = ROOT / ".cache/lab/models/gpufleet/tiny-llama"  # built by lab/models/build.sh
+VLLM_IMAGE = os.environ.get("VLLM_IMAGE", "gpufleet/vllm-cpu:lab")  # lab/vllm/build.sh
+
+
+def _docker_image_exists(ref):
+    try:
+        return subprocess.run(["docker", "image", "inspect", ref], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.slow
+def test_vllm_serve_loads_a_model_through_the_site_mirror(tmp_path, monkeypatch):
+    """Issue 'must show': `vllm serve ORG/NAME` with HF_ENDPOINT set to the site mirror
+    loads the model (no folder mounted: the mirror is its only source) and answers."""
+    import time
+
+    from hfstub.nginxlab import Nginx, free_port
+
+    if not (LAB_TINY / "config.json").exists() or not _docker_image_exists(VLLM_IMAGE):
+        pytest.skip("needs the lab's tiny model (lab/models/build.sh) and the vLLM CPU "
+                    f"image {VLLM_IMAGE} (lab/vllm/build.sh)")
+    files = {p.name: p.read_bytes() for p in LAB_TINY.iterdir() if p.is_file()}
+    folder = tmp_path / "models" / "tiny-llama"
+    with HubStub([Repo("gpufleet/tiny-llama", files)]) as s:
+        run_module(hf_model.main, {"repo_id": "gpufleet/tiny-llama", "dest": str(folder),
+                                   "endpoint": s.url}, monkeypatch)
+    port, api_port = free_port(), free_port()
+    _playbook(tmp_path, folder, port)
+    url = f"http://127.0.0.1:{port}"
+    name = f"hub-vllm-mirror-{os.getpid()}"
+    with Nginx(tmp_path / "nginx", tmp_path / "conf.d") as n:
+        n.wait(url)
+        subprocess.run(
+            ["docker", "run", "-d", "--name", name, "--network", "host", "--shm-size", "1g",
+             "-e", f"HF_ENDPOINT={url}", "-e", "HF_HUB_DISABLE_XET=1", VLLM_IMAGE,
+             "--model", "gpufleet/tiny-llama", "--served-model-name", "tiny",
+             "--host", "127.0.0.1", "--port", str(api_port), "--max-model-len", "256",
+             "--enforce-eager", "--dtype", "bfloat16", "--kv-cache-memory-bytes", "16777216"],
+            check=True, capture_output=True, timeout=120)
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                try:
+                    if requests.get(f"http://127.0.0.1:{api_port}/health", timeout=2).ok:
+                        break
+                except requests.ConnectionError:
+                    pass
+                state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", name],
+                                       capture_output=True, text=True).stdout.strip()
+                assert state == "true", subprocess.run(
+                    ["docker", "logs", "--tail", "60", name], capture_output=True,
+                    text=True).stderr[-4000:]
+                time.sleep(2)
+            else:
+                pytest.fail("vLLM was not healthy within 300 s")
+            r = requests.post(f"http://127.0.0.1:{api_port}/v1/completions", timeout=120,
+                              json={"model": "tiny", "prompt": "The capital of France is",
+                                    "max_tokens": 4, "temperature": 0})
+            logs = subprocess.run(["docker", "logs", "--tail", "40", name], capture_output=True,
+                                  text=True).stderr
+            assert r.status_code == 200, r.text + logs[-3000:]
+            assert r.json()["usage"]["completion_tokens"] == 4
+            # the weights vLLM loaded are the mirror's, byte for byte
+            cached = subprocess.run(
+                ["docker", "exec", name, "sh", "-c",
+                 "sha256sum /root/.cache/huggingface/hub/models--gpufleet--tiny-llama/"
+                 "snapshots/*/model.safetensors"], capture_output=True, text=True, timeout=60)
+            assert cached.stdout.split()[0] == hashlib.sha256(files["model.safetensors"]).hexdigest()
+        finally:
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
