@@ -113,7 +113,7 @@ instances:
   description:
     - One entry per container, with C(name), C(model), C(port), C(url), C(device_ids),
       C(command), C(env), C(mounts), C(ipc_mode), C(shm_size), C(device_requests),
-      C(labels), C(settings_hash), C(revision), C(served_model_name), C(runner), and
+      C(labels), C(settings_hash), C(args_hash), C(revision), C(served_model_name), C(runner), and
       C(action) (C(keep), C(create) or C(replace)).
   returned: success
   type: list

@@ -293,6 +293,8 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             "served_model_name": served,
             "runner": "pooling" if settings.get("runner") == "pooling" else "generate",
             "settings_hash": spec_hash, "revision": revision, "image": image,
+            # replicas differ only in GPUs and port: one argument check covers them all
+            "args_hash": settings_hash([command, env]),
             "labels": instance_labels(model["name"], revision, image_id, spec_hash, served),
         })
     return instances
