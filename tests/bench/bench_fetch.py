@@ -30,10 +30,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "module_utils"), str(ROOT / "tests")]
 
-import jinja2  # noqa: E402  (ansible's dependency, in .venv)
-
 from gpufleet import hub, hub_mirror  # noqa: E402
-from hfstub.nginxlab import Nginx, free_port  # noqa: E402
+from hfstub.nginxlab import Nginx, free_port, render_site_conf  # noqa: E402
 from hfstub.venvs import tool_venv  # noqa: E402
 
 REPO = "bench/multi-gb"
@@ -74,13 +72,7 @@ def publish(work, folder, port):
     """Static site + the role's nginx server config, rendered from its template."""
     site = work / "site"
     hub_mirror.build_site(str(site), [{"path": str(folder)}])
-    tpl = (ROOT / "roles/hf_site_mirror/templates/hf-site-mirror.conf.j2").read_text()
-    conf_dir = work / "conf.d"
-    conf_dir.mkdir()
-    (conf_dir / "mirror.conf").write_text(jinja2.Template(tpl).render(
-        ansible_managed="rendered by tests/bench/bench_fetch.py",
-        hf_site_mirror_root=str(site), hf_site_mirror_listen=f"127.0.0.1:{port}"))
-    return conf_dir
+    return render_site_conf(site, f"127.0.0.1:{port}", work / "conf.d")
 
 
 def timed(fn, flush=False):

@@ -11,8 +11,55 @@ import requests
 from .olahlab import free_port
 
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "roles/hf_site_mirror/templates/hf-site-mirror.conf.j2"
+
+
+def render_site_conf(root, listen, conf_dir):
+    """The hf_site_mirror role's server config, rendered outside Ansible (same template)."""
+    import jinja2  # ansible's dependency, in .venv
+
+    conf_dir = pathlib.Path(conf_dir)
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    (conf_dir / "gpufleet-hf-site-mirror.conf").write_text(
+        jinja2.Template(TEMPLATE.read_text()).render(
+            ansible_managed="rendered by tests/hfstub/nginxlab.py",
+            hf_site_mirror_root=str(root), hf_site_mirror_listen=listen))
+    return conf_dir
+
+
+def write_main_conf(workdir, conf_dir, workers=2, daemon=False):
+    """A main nginx.conf under workdir that includes conf_dir/*.conf in http {}."""
+    w = pathlib.Path(workdir)
+    for d in ("tmp", "logs"):
+        (w / d).mkdir(parents=True, exist_ok=True)
+    conf = w / "nginx.conf"
+    conf.write_text(
+        f"daemon {'on' if daemon else 'off'};\nuser root;\n"
+        f"worker_processes {workers};\n"
+        f"pid {w}/nginx.pid;\nerror_log {w}/logs/error.log warn;\n"
+        "events { worker_connections 256; }\n"
+        "http {\n  access_log off;\n"
+        f"  client_body_temp_path {w}/tmp/body;\n"
+        f"  include {conf_dir}/*.conf;\n}}\n")
+    subprocess.run(["nginx", "-t", "-q", "-p", str(w), "-c", str(conf)], check=True,
+                   capture_output=True)
+    return conf
+
+
+def wait_http(url, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            requests.get(url, timeout=1)
+            return
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing answered on {url} within {timeout} s")
+
+
 class Nginx:
-    """`with Nginx(workdir, conf_dir) as proc:` includes conf_dir/*.conf in http {}."""
+    """`with Nginx(workdir, conf_dir) as n:` runs nginx in the foreground (a child)."""
 
     def __init__(self, workdir, conf_dir, workers=2):
         self.workdir = pathlib.Path(workdir)
@@ -21,33 +68,13 @@ class Nginx:
         self.proc = None
 
     def __enter__(self):
-        w = self.workdir
-        for d in ("tmp", "logs"):
-            (w / d).mkdir(parents=True, exist_ok=True)
-        conf = w / "nginx.conf"
-        conf.write_text(
-            "daemon off;\nuser root;\n"
-            f"worker_processes {self.workers};\n"
-            f"pid {w}/nginx.pid;\nerror_log {w}/logs/error.log warn;\n"
-            "events { worker_connections 256; }\n"
-            "http {\n  access_log off;\n"
-            f"  client_body_temp_path {w}/tmp/body;\n"
-            f"  include {self.conf_dir}/*.conf;\n}}\n")
-        subprocess.run(["nginx", "-t", "-q", "-p", str(w), "-c", str(conf)], check=True,
-                       capture_output=True)
-        self.proc = subprocess.Popen(["nginx", "-p", str(w), "-c", str(conf)],
+        conf = write_main_conf(self.workdir, self.conf_dir, self.workers)
+        self.proc = subprocess.Popen(["nginx", "-p", str(self.workdir), "-c", str(conf)],
                                      stderr=subprocess.PIPE)
         return self
 
     def wait(self, url, timeout=20):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                requests.get(url, timeout=1)
-                return
-            except requests.ConnectionError:
-                time.sleep(0.1)
-        raise RuntimeError(f"nginx did not answer on {url}")
+        wait_http(url, timeout)
 
     def __exit__(self, *exc):
         self.proc.terminate()
@@ -58,4 +85,4 @@ class Nginx:
             self.proc.wait()
 
 
-__all__ = ["Nginx", "free_port"]
+__all__ = ["Nginx", "free_port", "render_site_conf", "wait_http", "write_main_conf"]

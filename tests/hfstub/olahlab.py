@@ -47,6 +47,22 @@ def free_port():
         return s.getsockname()[1]
 
 
+def olah_config(workdir, port):
+    """olah.toml for offline serving of workdir/mirrors/models/<org>/<repo> on 127.0.0.1."""
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    conf = workdir / "olah.toml"
+    conf.write_text(
+        "[basic]\n"
+        f'host = "127.0.0.1"\nport = {port}\n'
+        f'repos-path = "{workdir / "repos"}"\n'
+        f'mirror-netloc = "127.0.0.1:{port}"\n'
+        f'mirror-lfs-netloc = "127.0.0.1:{port}"\n'
+        f'mirrors-path = ["{workdir / "mirrors"}"]\n'
+        "[accessibility]\noffline = true\n")
+    return conf
+
+
 class Olah:
     """`with Olah(workdir) as url:` serves workdir/mirrors/models/<org>/<repo> offline."""
 
@@ -59,15 +75,7 @@ class Olah:
 
     def __enter__(self):
         cli = str(tool_venv("olah") / "olah-cli")
-        conf = self.workdir / "olah.toml"
-        conf.write_text(
-            "[basic]\n"
-            f'host = "127.0.0.1"\nport = {self.port}\n'
-            f'repos-path = "{self.workdir / "repos"}"\n'
-            f'mirror-netloc = "127.0.0.1:{self.port}"\n'
-            f'mirror-lfs-netloc = "127.0.0.1:{self.port}"\n'
-            f'mirrors-path = ["{self.mirrors}"]\n'
-            "[accessibility]\noffline = true\n")
+        conf = olah_config(self.workdir, self.port)
         self.log = open(self.workdir / "olah.log", "wb")
         self.proc = subprocess.Popen([cli, "--config", str(conf)], cwd=self.workdir,
                                      stdout=self.log, stderr=subprocess.STDOUT)
