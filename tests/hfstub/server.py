@@ -9,7 +9,8 @@ get_hf_file_metadata / http_get) and ../shared/notes/vllm-hf-facts.md:
   paginated with `Link: <...&cursor=N>; rel="next"` like the hub
 - GET|HEAD /{repo}/resolve/{rev}/{path}         -> ETag (sha256 for LFS, git blob sha1
   otherwise), X-Repo-Commit, Content-Length, Range -> 206; LFS files can 302-redirect to
-  /lfs-cdn/{sha256} (X-Linked-Etag, X-Linked-Size) as the hub does to its CDN
+  /lfs-cdn/{sha256} (X-Linked-Etag, X-Linked-Size) as the hub does to its CDN, on this
+  server or on another one (cdn_url)
 - errors: 401 RepoNotFound, 404 RevisionNotFound / EntryNotFound with X-Error-Code
 
 Options make it behave like imperfect mirrors: no Range support (olah 0.5.4 answers 200
@@ -74,7 +75,7 @@ class HubStub:
     """Start with `with HubStub([...]) as hub:`; hub.url is the endpoint (HF_ENDPOINT)."""
 
     def __init__(self, repos, range_support=True, lfs_redirect=True, page_size=50,
-                 token=None, throttle_bps=None, corrupt=None):
+                 token=None, throttle_bps=None, corrupt=None, cdn_url=None):
         self.repos = {r.repo_id: r for r in repos}
         self.range_support = range_support
         self.lfs_redirect = lfs_redirect
@@ -82,6 +83,7 @@ class HubStub:
         self.token = token
         self.throttle_bps = throttle_bps
         self.corrupt = dict(corrupt or {})  # path -> bytes served instead (a lying mirror)
+        self.cdn_url = cdn_url  # LFS redirects go to this other server (as the hub's CDN)
         self.log = []  # (method, path, Range header)
         self.seen_auth = []
         self._lock = threading.Lock()
@@ -159,8 +161,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _authorized(self):
         auth = self.headers.get("Authorization")
-        with self.hub._lock:
-            self.hub.seen_auth.append(auth)
         return self.hub.token is None or auth == f"Bearer {self.hub.token}"
 
     # -- routes ------------------------------------------------------------------
@@ -174,6 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         with self.hub._lock:
             self.hub.log.append((self.command, url.path, self.headers.get("Range")))
+            self.hub.seen_auth.append(self.headers.get("Authorization"))
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
         if parts[:1] == ["lfs-cdn"] and len(parts) == 2:
             return self._cdn(parts[1], head)
@@ -204,7 +205,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{repo.digest(path)}"'}
         if path in repo.lfs and self.hub.lfs_redirect:
             sha = repo.digest(path)
-            headers.update({"Location": f"/lfs-cdn/{sha}?path={quote(path)}",
+            headers.update({"Location": f"{self.hub.cdn_url or ''}/lfs-cdn/{sha}?path={quote(path)}",
                             "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data))})
             return self._send(302, b"", headers, head)
         self._bytes(data, headers, head)

@@ -328,6 +328,19 @@ def test_token_is_sent_and_never_written(files, tmp_path):
             assert token.encode() not in p.read_bytes(), p
 
 
+def test_token_is_not_sent_to_the_lfs_cdn_host(files, tmp_path):
+    """The hub redirects LFS files to a CDN on another host; the token stays with the hub."""
+    token = "hf_TopSecretTok3n"
+    repo = Repo("org/model", files)
+    with HubStub([repo]) as cdn:
+        cdn_url = cdn.url.replace("127.0.0.1", "localhost")  # another host name
+        with HubStub([repo], token=token, cdn_url=cdn_url) as s:
+            hub.sync_repo(client(s.url, token=token), "org/model", "main", tmp_path)
+        assert len(cdn.requests_for("/lfs-cdn/")) == 2
+        assert set(cdn.seen_auth) == {None}
+    assert_tree_matches(tmp_path, files)
+
+
 # ---------------------------------------------------------------- retries and faults
 
 def test_429_retry_after_is_honoured(stub, tmp_path):
