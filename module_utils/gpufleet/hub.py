@@ -22,7 +22,6 @@ No Ansible imports: the module ``library/hf_model.py`` is a thin shell around
 from __future__ import annotations
 
 import datetime
-import errno
 import fcntl
 import fnmatch
 import hashlib
@@ -571,24 +570,22 @@ class Fetcher:
             elif part.offset:
                 part.restart()  # no Range support (200): this file starts over
             with open(part.path, "ab") as out:
-                try:
-                    # read1: what has arrived, so bytes before a drop are kept (read(n)
-                    # would buffer up to n and lose them with the connection)
-                    while part.offset < f.size:
+                # read1: what has arrived, so bytes before a drop are kept (read(n) would
+                # buffer up to n and lose them with the connection)
+                while part.offset < f.size:
+                    try:
                         chunk = resp.raw.read1(CHUNK, decode_content=True)
-                        if not chunk:
-                            break
-                        chunk = chunk[:f.size - part.offset]
-                        out.write(chunk)
-                        part.hasher.update(chunk)
-                        part.offset += len(chunk)
-                        self.stats.add(downloaded=len(chunk), verified=len(chunk))
-                except (requests.RequestException, urllib3.exceptions.HTTPError,
-                        OSError) as exc:
-                    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                        raise
-                    raise _Transient(f"{f.path}: connection lost after {part.offset} of "
-                                     f"{f.size} bytes ({type(exc).__name__})") from None
+                    except (requests.RequestException, urllib3.exceptions.HTTPError,
+                            OSError) as exc:
+                        raise _Transient(f"{f.path}: connection lost after {part.offset} "
+                                         f"of {f.size} bytes ({type(exc).__name__})") from None
+                    if not chunk:
+                        break
+                    chunk = chunk[:f.size - part.offset]
+                    out.write(chunk)  # a disk error (full, read-only) is not retried
+                    part.hasher.update(chunk)
+                    part.offset += len(chunk)
+                    self.stats.add(downloaded=len(chunk), verified=len(chunk))
 
 
 def _content_range_start(value):

@@ -425,3 +425,26 @@ def test_wrong_size_file_leaves_its_final_name_even_if_the_fetch_fails(files, tm
             hub.sync_repo(client(s.url), "org/model", "main", tmp_path)
     assert not (tmp_path / name).exists()
     assert_tree_matches(tmp_path, files, only_present=True)
+
+
+def test_disk_write_error_fails_at_once_naming_the_file(stub, files, tmp_path):
+    """A write error (here EFBIG from RLIMIT_FSIZE, like a full disk) is not a network
+    fault: no retries, a message naming the file, nothing under the final name."""
+    name = "model-00001.safetensors"
+    code = f"""
+import resource, signal, sys
+sys.path.insert(0, {str(pathlib.Path(hub.__file__).parent.parent)!r})
+from gpufleet import hub
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+try:
+    hub.sync_repo(hub.HubClient({stub.url!r}, retries=3, backoff=0.001), "org/model", "main",
+                  {str(tmp_path)!r}, allow_patterns=[{name!r}])
+except hub.HubError as exc:
+    print(exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert name in out.stdout and "File too large" in out.stdout, out.stdout + out.stderr
+    assert len(stub.requests_for("/lfs-cdn/")) == 1  # not retried
+    assert not (tmp_path / name).exists()
