@@ -411,7 +411,8 @@ def test_over_100_injected_faults_never_leave_a_wrong_file(tmp_path):
     print(f"faults injected: {faults}; runs {outcomes}; quarantined {quarantined}")
     assert sum(faults.values()) >= 100
     assert all(faults.get(k, 0) > 0 for k in ALL_FAULTS), faults
-    assert quarantined > 0  # flipped bytes were caught by the hash, not by luck
+    # flipped bytes were caught by the hash (two flips in one file cost one quarantine)
+    assert 0 < quarantined <= faults["flip"]
     assert outcomes["ok"] > 0
 
 
