@@ -17,6 +17,8 @@ description:
     redirects are followed.
   - A file that fails verification is moved to C(DEST/.gpufleet/quarantine/) and fetched
     once more; if it fails again the task fails naming the file and both hashes.
+  - When the revision moved to a new commit, files the manifest verified at the old one
+    are removed and fetched again (not hashed nor quarantined); unchanged files are kept.
   - Retries with backoff on 5xx, 429 (honouring Retry-After), dropped and stalled
     connections.
   - Refuses to start, before writing anything, when O(dest) lacks the space the listing

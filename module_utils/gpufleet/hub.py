@@ -331,6 +331,14 @@ def manifest_trusts(entry, f, st):
             and entry.get("mtime_ns") == st.st_mtime_ns)
 
 
+def _outdated(entry, f, st):
+    """The manifest verified this file with another hash (an earlier revision), and it
+    has not been touched since: replace it without hashing or quarantining it."""
+    return (isinstance(entry, dict) and entry.get("size") == st.st_size
+            and entry.get("mtime_ns") == st.st_mtime_ns
+            and any(entry.get(a) not in (None, f.digest) for a in ("sha256", "sha1")))
+
+
 # ---------------------------------------------------------------- disk space
 
 def check_disk_space(dest, needed):
@@ -443,7 +451,8 @@ class Fetcher:
 
     # -- classification (no writes) ---------------------------------------------------
     def classify(self, files, manifest):
-        """-> [(file, state)], state: trusted | present (to hash) | stale | missing."""
+        """-> [(file, state)], state: trusted | present (to hash) | outdated | stale |
+        missing."""
         plan = []
         for f in files:
             try:
@@ -455,6 +464,8 @@ class Fetcher:
                 plan.append((f, "stale"))  # another revision's file, or a broken one
             elif self.verify == "manifest" and manifest_trusts(manifest.get(f.path), f, st):
                 plan.append((f, "trusted"))
+            elif self.verify == "manifest" and _outdated(manifest.get(f.path), f, st):
+                plan.append((f, "outdated"))  # the verified file of another revision
             else:
                 plan.append((f, "present"))
         return plan
@@ -462,7 +473,7 @@ class Fetcher:
     def bytes_to_fetch(self, plan):
         total = 0
         for f, state in plan:
-            if state in ("missing", "stale"):
+            if state in ("missing", "stale", "outdated"):
                 try:
                     have = os.path.getsize(self.partial_path(f))
                 except OSError:
@@ -503,6 +514,8 @@ class Fetcher:
             self.quarantine(f, final, got)  # rotten or foreign bytes leave the final name
         elif state == "stale":
             self.quarantine(f, final, f"size {os.path.getsize(final)}")
+        elif state == "outdated":
+            os.unlink(final)  # no mix of revisions under final names, even if this run fails
         self._download(f)
         self.stats.add(file_done=True)
         return "downloaded"
@@ -644,8 +657,9 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
               "manifest": os.path.join(state_dir(dest), MANIFEST_NAME)}
     if check_mode:
         would = {"missing": "would_download", "stale": "would_download",
-                 "present": "would_verify", "trusted": "trusted"}
-        result.update(changed=any(s in ("missing", "stale") for _, s in plan),
+                 "outdated": "would_download", "present": "would_verify",
+                 "trusted": "trusted"}
+        result.update(changed=any(would[s] == "would_download" for _, s in plan),
                       bytes_downloaded=0,
                       bytes_verified=0,
                       files=[_file_result(f, would[s]) for f, s in plan])

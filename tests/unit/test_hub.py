@@ -449,3 +449,25 @@ except hub.HubError as exc:
     assert name in out.stdout and "File too large" in out.stdout, out.stdout + out.stderr
     assert len(stub.requests_for("/lfs-cdn/")) == 1  # not retried
     assert not (tmp_path / name).exists()
+
+
+def test_new_revision_replaces_changed_files_without_quarantine(files, tmp_path):
+    """main moved: files the manifest verified at the old commit are replaced, not hashed
+    again nor kept in quarantine; unchanged files stay trusted."""
+    v2 = dict(files)
+    v2["config.json"] = b'{"model_type": "llama", "seed": 1}'  # same size, new content
+    v2["model-00000.safetensors"] = random.Random(5).randbytes(len(files["model-00000.safetensors"]))
+    with HubStub([Repo("org/model", files)]) as s:
+        hub.sync_repo(client(s.url), "org/model", "main", tmp_path)
+    with HubStub([Repo("org/model", v2)]) as s:
+        plan = hub.sync_repo(client(s.url), "org/model", "main", tmp_path, check_mode=True)
+        status = {f["path"]: f["status"] for f in plan["files"]}
+        assert status["config.json"] == status["model-00000.safetensors"] == "would_download"
+        assert status["README.md"] == "trusted"
+        res = hub.sync_repo(client(s.url), "org/model", "main", tmp_path)
+    assert res["quarantined"] == [] and res["changed"] is True
+    changed = len(v2["config.json"]) + len(v2["model-00000.safetensors"])
+    assert res["bytes_downloaded"] == res["bytes_verified"] == changed
+    assert_tree_matches(tmp_path, v2)
+    manifest = json.loads((tmp_path / ".gpufleet/manifest.json").read_text())
+    assert manifest["commit"] == res["commit"]
