@@ -145,6 +145,13 @@ quarantined:
   returned: success
   type: list
   elements: dict
+removed:
+  description: >-
+    Files a previous run verified that the repo no longer has at this commit, removed
+    (in check mode, that would be removed). Files hf_model did not verify are never removed.
+  returned: success
+  type: list
+  elements: str
 manifest:
   description: Path of the manifest written in dest.
   returned: success

@@ -643,23 +643,26 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
         raise HubError(f"dest {dest} exists and is not a directory.")
 
     commit = client.resolve_commit(repo_id, revision)
-    files = filter_files(client.list_files(repo_id, commit), allow_patterns, ignore_patterns)
+    listing = client.list_files(repo_id, commit)
+    files = filter_files(listing, allow_patterns, ignore_patterns)
     if not files:
         raise HubError(f"no file of {repo_id}@{commit} matches allow_patterns/"
                        "ignore_patterns; check the patterns.")
     manifest = load_manifest(dest)
     fetcher = Fetcher(client, repo_id, commit, dest, verify, int(max_workers))
     plan = fetcher.classify(files, manifest)
+    kept, deleted = leftovers(dest, listing, {f.path for f in files}, manifest)
     needed = fetcher.bytes_to_fetch(plan)
     check_disk_space(dest, needed)
 
     result = {"commit": commit, "bytes_to_download": needed, "quarantined": [],
-              "manifest": os.path.join(state_dir(dest), MANIFEST_NAME)}
+              "removed": deleted, "manifest": os.path.join(state_dir(dest), MANIFEST_NAME)}
     if check_mode:
         would = {"missing": "would_download", "stale": "would_download",
                  "outdated": "would_download", "present": "would_verify",
                  "trusted": "trusted"}
-        result.update(changed=any(would[s] == "would_download" for _, s in plan),
+        result.update(changed=bool(deleted)
+                      or any(would[s] == "would_download" for _, s in plan),
                       bytes_downloaded=0,
                       bytes_verified=0,
                       files=[_file_result(f, would[s]) for f, s in plan])
@@ -669,12 +672,14 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
     lock = _Lock(dest)
     try:
         outcome, errors = fetcher.run(plan)
+        for path in deleted:
+            os.unlink(os.path.join(dest, *path.split("/")))
         changed = _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan,
-                                  outcome, manifest)
+                                  outcome, manifest, kept)
     finally:
         lock.release()
-    changed = changed or any(s == "downloaded" for s in outcome.values()) \
-        or bool(fetcher.quarantined)
+    changed = changed or bool(deleted) or bool(fetcher.quarantined) \
+        or any(s == "downloaded" for s in outcome.values())
     result.update(
         changed=changed, quarantined=fetcher.quarantined,
         bytes_downloaded=fetcher.stats.bytes_downloaded,
@@ -693,10 +698,37 @@ def _file_result(f, status):
             "status": status}
 
 
-def _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan, outcome, old):
+def leftovers(dest, listing, planned, manifest):
+    """Manifest entries outside this run's files -> (kept, deleted).
+
+    kept: still in the repo with the same hash and untouched since verified (fetched by an
+    earlier run with other patterns): they stay in the manifest. deleted: gone from the
+    repo at this commit and untouched since verified: ours to remove, so no stray shard
+    of an old revision is left for vLLM to load. Files we did not verify are never touched.
+    """
+    by_path = {f.path: f for f in listing}
+    kept, deleted = {}, []
+    for path, entry in sorted(manifest.items()):
+        try:
+            st = os.stat(os.path.join(dest, *safe_relpath(path).split("/")))
+        except (HubError, OSError):
+            continue
+        if path in planned or not isinstance(entry, dict):
+            continue
+        f = by_path.get(path)
+        if f is not None:
+            if manifest_trusts(entry, f, st):
+                kept[path] = entry
+        elif entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
+            deleted.append(path)
+    return kept, deleted
+
+
+def _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan, outcome, old,
+                    kept):
     """Record the verified files; returns True when the file list changed."""
     verified = [f for f, _ in plan if f.path in outcome]
-    files = manifest_entries(dest, verified)
+    files = {**kept, **manifest_entries(dest, verified)}
     if files == old and len(verified) == len(plan):
         return False
     write_manifest(dest, repo_id, revision, commit, client.endpoint, files,

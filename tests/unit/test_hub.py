@@ -471,3 +471,25 @@ def test_new_revision_replaces_changed_files_without_quarantine(files, tmp_path)
     assert_tree_matches(tmp_path, v2)
     manifest = json.loads((tmp_path / ".gpufleet/manifest.json").read_text())
     assert manifest["commit"] == res["commit"]
+
+
+def test_patterns_add_up_and_files_deleted_upstream_are_removed(files, tmp_path):
+    with HubStub([Repo("org/model", files)]) as s:
+        hub.sync_repo(client(s.url), "org/model", "main", tmp_path, allow_patterns=["*.json"])
+        res = hub.sync_repo(client(s.url), "org/model", "main", tmp_path,
+                            ignore_patterns=["*.json"])
+        assert res["removed"] == []
+    manifest = json.loads((tmp_path / ".gpufleet/manifest.json").read_text())
+    assert set(manifest["files"]) == set(files)  # both runs' files are recorded
+    (tmp_path / "mine.txt").write_text("a file hf_model did not fetch")
+    v2 = {k: v for k, v in files.items() if k != "model-00001.safetensors"}
+    with HubStub([Repo("org/model", v2)]) as s:
+        plan = hub.sync_repo(client(s.url), "org/model", "main", tmp_path, check_mode=True)
+        assert plan["changed"] and plan["removed"] == ["model-00001.safetensors"]
+        assert (tmp_path / "model-00001.safetensors").exists()
+        res = hub.sync_repo(client(s.url), "org/model", "main", tmp_path)
+        assert res["changed"] and res["removed"] == ["model-00001.safetensors"]
+        again = hub.sync_repo(client(s.url), "org/model", "main", tmp_path)
+        assert again["changed"] is False and again["removed"] == []
+    assert final_files(tmp_path) == sorted([*v2, "mine.txt"])  # ours only were removed
+    assert_tree_matches(tmp_path, v2)
