@@ -119,7 +119,7 @@ def _serve(client, image, model_dir, extra_args, api_key):
         image.id,
         command=["--model", "/models/tiny-llama", "--served-model-name", "tiny",
                  "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-                 "--enforce-eager", "--dtype", "bfloat16", *extra_args],
+                 "--enforce-eager", *extra_args],
         environment={"VLLM_API_KEY": api_key},
         volumes={str(model_dir): {"bind": "/models/tiny-llama", "mode": "ro"}},
         network_mode="host", shm_size="1g", name=f"vllmimg-test-{uuid.uuid4().hex[:8]}",
@@ -173,7 +173,8 @@ def test_tiny_model_serves_completions_with_the_requested_kv_cache(docker_client
     kv_bytes = 16 * 1024 * 1024
     api_key = uuid.uuid4().hex
     container, url = _serve(docker_client, image, tiny_model,
-                            ["--kv-cache-memory-bytes", str(kv_bytes)], api_key)
+                            ["--dtype", "bfloat16", "--kv-cache-memory-bytes", str(kv_bytes)],
+                            api_key)
     try:
         body = {"model": "tiny", "prompt": "The capital of France is", "max_tokens": 8,
                 "temperature": 0}
@@ -191,5 +192,18 @@ def test_tiny_model_serves_completions_with_the_requested_kv_cache(docker_client
         config = json.loads((tiny_model / "config.json").read_text())
         assert _kv_tokens_logged(container) == _kv_tokens_expected(config, kv_bytes, 256)
         assert api_key not in container.logs().decode(errors="replace")
+    finally:
+        container.remove(force=True)
+
+
+@pytest.mark.slow
+def test_default_start_fits_a_small_machine(docker_client, image, tiny_model):
+    """With no KV size at all, vLLM CPU would ask for 92 % of the NUMA node and refuse
+    to start on a lab machine; the image's fallback gives it 1 GiB instead."""
+    container, url = _serve(docker_client, image, tiny_model, ["--dtype", "bfloat16"],
+                            uuid.uuid4().hex)
+    try:
+        config = json.loads((tiny_model / "config.json").read_text())
+        assert _kv_tokens_logged(container) == _kv_tokens_expected(config, 1024**3, 256)
     finally:
         container.remove(force=True)
