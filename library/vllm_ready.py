@@ -163,7 +163,7 @@ class ContainerWatch:
         if self.container.attrs.get("RestartCount", 0) > self.restarts:
             return False, (f"it restarted {self.container.attrs['RestartCount'] - self.restarts}"
                            f" time(s); last exit status {state.get('ExitCode')}")
-        if state.get("Status") in ("exited", "dead"):
+        if state.get("Status") in ("created", "exited", "dead"):
             oom = " (killed for memory)" if state.get("OOMKilled") else ""
             return False, f"it exited with status {state.get('ExitCode')}{oom}"
         return True, ""

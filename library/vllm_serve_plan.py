@@ -52,9 +52,17 @@ options:
     type: int
     default: 8000
   bind_address:
-    description: Host address the ports are published on.
+    description: Host address vLLM listens on (host network) or the port is published on (bridge).
     type: str
     default: 127.0.0.1
+  network_mode:
+    description:
+      - C(host) (vLLM listens on O(bind_address) and the instance's port itself; no NAT,
+        no docker bridge needed) or C(bridge) (vLLM on 8000 in the container, published
+        on O(bind_address):port).
+    type: str
+    choices: [host, bridge]
+    default: host
   gpu_runtime:
     description: C(nvidia) or C(cdi) device requests, or C(none) (no GPU; vLLM's CPU backend).
     type: str
@@ -112,7 +120,7 @@ RETURN = r"""
 instances:
   description:
     - One entry per container, with C(name), C(model), C(port), C(url), C(device_ids),
-      C(command), C(env), C(mounts), C(ipc_mode), C(shm_size), C(device_requests),
+      C(network_mode), C(published_ports), C(command), C(env), C(mounts), C(ipc_mode), C(shm_size), C(device_requests),
       C(labels), C(settings_hash), C(args_hash), C(revision), C(served_model_name), C(runner), and
       C(action) (C(keep), C(create) or C(replace)).
   returned: success
@@ -127,7 +135,7 @@ remove:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.gpufleet.serve import (
-    CONTAINER_PORT, LABEL_PREFIX, PlanError, check_unique_ports, decide_action,
+    LABEL_PREFIX, PlanError, check_unique_ports, decide_action,
     model_revision, plan_instances, port_is_free)
 
 try:
@@ -144,17 +152,18 @@ def _managed(client):
     found = {}
     for cont in client.containers.list(
             all=True, filters={"label": f"{LABEL_PREFIX}managed-by=vllm_server"}):
-        ports = (cont.attrs.get("HostConfig", {}).get("PortBindings") or {})
-        host_ports = {int(b["HostPort"]) for bindings in ports.values() for b in bindings or []
-                      if b.get("HostPort")}
+        port = str((cont.labels or {}).get(LABEL_PREFIX + "port", ""))
         found[cont.name] = {"running": cont.status == "running", "labels": cont.labels,
-                            "image_id": cont.attrs.get("Image"), "host_ports": host_ports}
+                            "image_id": cont.attrs.get("Image"),
+                            "port": int(port) if port.isdigit() else None}
     return found
 
 
 def _port_user(client, port):
-    """Name of a running container publishing `port`, if any (for the message)."""
+    """Name of a running container publishing `port` or labelled with it, if any."""
     for cont in client.containers.list():
+        if str((cont.labels or {}).get(LABEL_PREFIX + "port")) == str(port):
+            return cont.name
         for bindings in (cont.attrs.get("NetworkSettings", {}).get("Ports") or {}).values():
             if any(b.get("HostPort") == str(port) for b in bindings or []):
                 return cont.name
@@ -178,7 +187,8 @@ def run(params, client):
             gpu_indexes=params["gpu_indexes"], gpu_runtime=params["gpu_runtime"],
             allow_replicas=params["allow_replicas"], base_env=params["env"],
             shm_size=params["shm_size"], revision=model_revision(model["path"]),
-            model_mount_root=params["model_mount_root"])
+            model_mount_root=params["model_mount_root"],
+            network_mode=params["network_mode"], bind_address=params["bind_address"])
     check_unique_ports(instances)
     existing = _managed(client)
     host = "127.0.0.1" if params["bind_address"] in ("0.0.0.0", "") else params["bind_address"]
@@ -186,8 +196,7 @@ def run(params, client):
         current = existing.get(inst["name"])
         inst["action"] = decide_action(inst, current)
         inst["url"] = f"http://{host}:{inst['port']}"
-        inst["published_ports"] = [f"{params['bind_address']}:{inst['port']}:{CONTAINER_PORT}"]
-        ours = bool(current and current["running"] and inst["port"] in current["host_ports"])
+        ours = bool(current and current["running"] and current["port"] == inst["port"])
         if params["check_ports"] and inst["action"] != "keep" and not ours \
                 and not port_is_free(params["bind_address"], inst["port"]):
             user = _port_user(client, inst["port"])
@@ -212,6 +221,7 @@ def main():
             "container_prefix": {"type": "str", "default": "vllm-"},
             "port": {"type": "int", "default": 8000},
             "bind_address": {"type": "str", "default": "127.0.0.1"},
+            "network_mode": {"type": "str", "choices": ["host", "bridge"], "default": "host"},
             "gpu_runtime": {"type": "str", "choices": ["nvidia", "cdi", "none"],
                             "default": "nvidia"},
             "gpu_indexes": {"type": "list", "elements": "int", "default": []},

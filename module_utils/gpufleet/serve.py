@@ -242,12 +242,15 @@ def _device_groups(gpu_indexes, tp, replicas_allowed, runtime):
 
 def plan_instances(model, tune, *, image, image_id, container_prefix, default_port,
                    gpu_indexes, gpu_runtime, allow_replicas, base_env=None,
-                   shm_size="8g", revision="unknown", model_mount_root="/models"):
+                   shm_size="8g", revision="unknown", model_mount_root="/models",
+                   network_mode="host", bind_address="127.0.0.1"):
     """The containers that serve one model on this host.
 
     model: the inventory entry (`name`, `path`, optional `port`, `served_model_name`,
       `gpus` (GPU indexes this model may use), `replicas` (bool), `env`).
     tune: the vllm_tune result (`args`, `settings`).
+    network_mode: `host` (vLLM listens on bind_address:port itself) or `bridge` (vLLM
+      listens on 8000 in the container; the port is published on bind_address:port).
     Returns a list of instance dicts: name, port, device_ids, command, env (without the
     API key), mounts, ipc_mode, shm_size, device_requests, labels, settings_hash,
     served_model_name, runner.
@@ -272,12 +275,19 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
     ipc_mode = (settings.get("docker") or {}).get("ipc_mode")
     base_name = container_prefix + slug(model["name"])
     instances = []
+    if network_mode not in ("host", "bridge"):
+        raise PlanError(f"network mode {network_mode!r} is not one of host, bridge")
     for number, devices in enumerate(groups):
         name = base_name if len(groups) == 1 else f"{base_name}-{number}"
+        listen = ([bind_address, str(port + number)] if network_mode == "host"
+                  else ["0.0.0.0", str(CONTAINER_PORT)])
         command = [mount] + args + ["--served-model-name", served,
-                                    "--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+                                    "--host", listen[0], "--port", listen[1]]
+        published = ([] if network_mode == "host"
+                     else [f"{bind_address}:{port + number}:{CONTAINER_PORT}"])
         spec = {
-            "image_id": image_id, "command": command, "env": env,
+            "image_id": image_id, "command": command, "env": env, "network": network_mode,
+            "published": published,
             "port": port + number, "devices": devices, "runtime": gpu_runtime,
             "mount": [model["path"], mount], "ipc_mode": ipc_mode,
             "shm_size": None if ipc_mode else shm_size, "revision": revision,
@@ -285,6 +295,7 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
         spec_hash = settings_hash(spec)
         instances.append({
             "name": name, "model": model["name"], "port": port + number,
+            "network_mode": network_mode, "published_ports": published,
             "device_ids": devices, "command": command, "env": env,
             "mounts": [{"source": model["path"], "target": mount, "type": "bind",
                         "read_only": True}],
@@ -295,7 +306,8 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             "settings_hash": spec_hash, "revision": revision, "image": image,
             # replicas differ only in GPUs and port: one argument check covers them all
             "args_hash": settings_hash([command, env]),
-            "labels": instance_labels(model["name"], revision, image_id, spec_hash, served),
+            "labels": instance_labels(model["name"], revision, image_id, spec_hash, served,
+                                      {LABEL_PREFIX + "port": port + number}),
         })
     return instances
 

@@ -160,7 +160,8 @@ def test_plan_single_instance_tp1_uses_first_gpu_and_records_everything():
                                         "capabilities": [["gpu"]]}]
     assert inst["command"][0] == "/models/qwen-qwen2-5-7b-instruct"
     assert inst["command"][-6:] == ["--served-model-name", "Qwen/Qwen2.5-7B-Instruct",
-                                    "--host", "0.0.0.0", "--port", "8000"]
+                                    "--host", "127.0.0.1", "--port", "8000"]
+    assert inst["network_mode"] == "host" and inst["published_ports"] == []
     assert inst["mounts"] == [{"source": "/srv/m/qwen", "target": inst["command"][0],
                                "type": "bind", "read_only": True}]
     assert inst["env"]["HF_HUB_OFFLINE"] == "1" and "VLLM_API_KEY" not in inst["env"]
@@ -170,12 +171,23 @@ def test_plan_single_instance_tp1_uses_first_gpu_and_records_everything():
     assert labels["org.gpufleet.model-commit"] == "c0ffee"
     assert labels["org.gpufleet.image-digest"] == "sha256:aa"
     assert labels["org.gpufleet.settings-hash"] == inst["settings_hash"]
+    assert labels["org.gpufleet.port"] == "8000"
+
+
+def test_plan_bridge_network_publishes_the_port():
+    (inst,) = _plan({"name": "m", "path": "/p", "port": 9100}, TUNE_TP1,
+                    network_mode="bridge", bind_address="10.0.0.5")
+    assert inst["command"][-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+    assert inst["published_ports"] == ["10.0.0.5:9100:8000"]
+    host = _plan({"name": "m", "path": "/p", "port": 9100}, TUNE_TP1)[0]
+    assert host["settings_hash"] != inst["settings_hash"]
 
 
 def test_plan_replicas_one_per_gpu_each_pinned_on_its_own_port():
     insts = _plan({"name": "m", "path": "/p", "port": 9000}, TUNE_TP1, allow_replicas=True)
     assert [i["name"] for i in insts] == [f"vllm-m-{n}" for n in range(8)]
     assert [i["port"] for i in insts] == list(range(9000, 9008))
+    assert [i["command"][-1] for i in insts] == [str(p) for p in range(9000, 9008)]
     assert [i["device_ids"] for i in insts] == [[n] for n in range(8)]
     assert len({i["settings_hash"] for i in insts}) == 8
 
@@ -213,6 +225,7 @@ def test_plan_hash_changes_with_image_commit_and_settings_only():
     ({"name": "m", "path": "/p", "gpus": [0]}, TUNE_TP2, {}, "needs 2 GPUs"),
     ({"name": "m", "path": "/p"}, TUNE_TP1, {"gpu_runtime": "rocm"}, "not one of"),
     ({"name": "///", "path": "/p"}, TUNE_TP1, {}, "no letters or digits"),
+    ({"name": "m", "path": "/p"}, TUNE_TP1, {"network_mode": "macvlan"}, "host, bridge"),
 ])
 def test_plan_refuses_bad_input(model, tune, kw, message):
     with pytest.raises(serve.PlanError, match=message):
@@ -430,11 +443,9 @@ def test_vllm_ready_main_bad_input(args, message, monkeypatch):
 
 
 class FakeContainer:
-    def __init__(self, name, labels, status="running", host_ports=(), image="sha256:aa"):
+    def __init__(self, name, labels, status="running", image="sha256:aa"):
         self.name, self.labels, self.status = name, labels, status
-        bindings = [{"HostIp": "127.0.0.1", "HostPort": str(p)} for p in host_ports]
-        self.attrs = {"Image": image, "HostConfig": {"PortBindings": {"8000/tcp": bindings}},
-                      "NetworkSettings": {"Ports": {"8000/tcp": bindings}}}
+        self.attrs = {"Image": image, "NetworkSettings": {"Ports": {}}}
 
 
 class FakeDocker:
@@ -453,7 +464,8 @@ def _plan_params(tmp_path, **kw):
     model_dir.mkdir(exist_ok=True)
     params = {"models": [{"name": "m", "path": str(model_dir)}], "tunes": [TUNE_TP1],
               "image": "img:1", "image_id": "sha256:aa", "container_prefix": "vllmsrv-",
-              "port": 0, "bind_address": "127.0.0.1", "gpu_runtime": "none",
+              "port": 0, "bind_address": "127.0.0.1", "network_mode": "host",
+              "gpu_runtime": "none",
               "gpu_indexes": [], "allow_replicas": False, "env": {}, "shm_size": "1g",
               "model_mount_root": "/models", "check_ports": True}
     params.update(kw)
@@ -475,9 +487,8 @@ def test_vllm_serve_plan_keep_replace_remove_and_busy_port(tmp_path):
         first = vllm_serve_plan.run(dict(params, check_ports=False), FakeDocker([]))
         inst = first["instances"][0]
         assert inst["action"] == "create" and inst["url"] == f"http://127.0.0.1:{port}"
-        assert inst["published_ports"] == [f"127.0.0.1:{port}:8000"]
         # our own running container holds the port: the same plan keeps it
-        ours = FakeContainer("vllmsrv-m", inst["labels"], host_ports=[port])
+        ours = FakeContainer("vllmsrv-m", inst["labels"])
         stale = FakeContainer("vllmsrv-old", {}, status="exited")
         foreign = FakeContainer("other-x", {})
         again = vllm_serve_plan.run(params, FakeDocker([ours, stale, foreign]))
@@ -487,6 +498,10 @@ def test_vllm_serve_plan_keep_replace_remove_and_busy_port(tmp_path):
         changed = dict(params, tunes=[dict(TUNE_TP1, args=TUNE_TP1["args"] + ["--x"])])
         assert vllm_serve_plan.run(changed, FakeDocker([ours]))["instances"][0][
             "action"] == "replace"
+        # a container of another model labelled with that port is named in the refusal
+        other = FakeContainer("vllmsrv-other", {"org.gpufleet.port": str(port)})
+        with pytest.raises(ValueError, match="in use by container vllmsrv-other"):
+            vllm_serve_plan.run(params, FakeDocker([other]))
 
 
 def test_vllm_serve_plan_main_bad_input(tmp_path, monkeypatch):
