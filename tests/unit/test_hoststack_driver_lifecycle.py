@@ -197,3 +197,37 @@ def test_four_steps_then_branch_upgrade_only_through_variables(host):
     assert installed(host)["nvidia-driver"] == "580.95.05-1"
     assert reported_driver(host) == "580.95.05"
     assert {"nvidia-open-580", "nvidia-driver", "nvidia-driver-cuda"} <= holds(host)
+
+
+# mokutil stand-in for a machine with Secure Boot on and the MOK already enrolled
+# (real messages: "SecureBoot enabled", "<cert> is already enrolled").
+MOKUTIL_ENROLLED = """#!/bin/sh
+# test stand-in for mokutil
+case "$1" in
+  --sb-state) echo 'SecureBoot enabled' ;;
+  --test-key) echo "$2 is already enrolled" ;;
+esac
+"""
+
+
+def test_secure_boot_with_an_enrolled_key_signs_through_dkms(host):
+    sh("docker", "exec", host["name"], "sh", "-c",
+       f"cat > /usr/local/bin/mokutil <<'EOS'\n{MOKUTIL_ENROLLED}EOS\nchmod +x /usr/local/bin/mokutil;"
+       " mkdir -p /var/lib/dkms && echo key > /var/lib/dkms/mok.key && echo cert > /var/lib/dkms/mok.der")
+    try:
+        rc, changed, msg = play(host, nvidia_driver_branch="580",
+                                nvidia_driver_mok_key="/var/lib/dkms/mok.key",
+                                nvidia_driver_mok_cert="/var/lib/dkms/mok.der")
+        assert rc == 0, msg
+        assert changed == 2  # only the DKMS signing configuration (directory, file) is new
+        conf = sh("docker", "exec", host["name"], "cat", "/etc/dkms/framework.conf.d/gpufleet-mok.conf").stdout
+        assert 'mok_signing_key="/var/lib/dkms/mok.key"' in conf
+        assert 'mok_certificate="/var/lib/dkms/mok.der"' in conf
+        # a certificate that is not enrolled stops the role
+        sh("docker", "exec", host["name"], "sh", "-c",
+           "sed -i 's/is already enrolled/is not enrolled/' /usr/local/bin/mokutil")
+        rc, _, msg = play(host, nvidia_driver_branch="580", nvidia_driver_mok_key="/var/lib/dkms/mok.key",
+                          nvidia_driver_mok_cert="/var/lib/dkms/mok.der")
+        assert rc != 0 and "enrolled" in msg
+    finally:
+        sh("docker", "exec", host["name"], "rm", "-f", "/usr/local/bin/mokutil")
