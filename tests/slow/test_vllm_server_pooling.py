@@ -1,0 +1,119 @@
+"""vllm_server on this machine (connection local) with an embedding model: create, re-run
+untouched, replace on a settings change.
+
+Real software only: the lab's vLLM CPU image (gpufleet/vllm-cpu:lab, stand-in for
+vllm/vllm-openai) serves all-MiniLM-L6-v2 with the pooling runner (lab/models/), so the
+readiness gate's real request is an embedding. Each step is a real ansible-playbook run
+of the role; the key is random and must not appear in any output. Containers are named
+vllmsrv-pool-* and removed at the end whatever happens. About 3-4 minutes on 2 cores.
+"""
+import json
+import os
+import pathlib
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+
+import pytest
+import requests
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MINILM = ROOT / ".cache" / "lab" / "models" / "sentence-transformers" / "all-MiniLM-L6-v2"
+NAME = "vllmsrv-pool-sentence-transformers-all-minilm-l6-v2"
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _docker(*args):
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
+
+
+@pytest.fixture
+def playbook(tmp_path):
+    if shutil.which("docker") is None or _docker("image", "inspect",
+                                                 "gpufleet/vllm-cpu:lab").returncode:
+        pytest.skip("needs docker and gpufleet/vllm-cpu:lab (lab/vllm/build.sh)")
+    if not (MINILM / "model.safetensors").exists():
+        pytest.skip("needs the lab models (lab/models/build.sh)")
+    path = tmp_path / "play.yml"
+    path.write_text("""
+- hosts: localhost
+  gather_facts: false
+  roles:
+    - role: vllm_server
+""")
+    yield path
+    _docker("rm", "-f", NAME)
+
+
+def _run(playbook, tmp_path, key, port, max_model_len):
+    extra = {
+        "vllm_server_image": "gpufleet/vllm-cpu:lab", "vllm_server_image_pull": "never",
+        "vllm_server_gpu_runtime": "none", "vllm_server_container_prefix": "vllmsrv-pool-",
+        "vllm_server_api_key": key, "vllm_server_shm_size": "1g",
+        "vllm_server_install_docker_sdk": False, "vllm_server_warmup_requests": 1,
+        "vllm_server_ready_timeout": 600, "vllm_server_ready_interval": 2,
+        "vllm_server_models": [{
+            "name": "sentence-transformers/all-MiniLM-L6-v2", "path": str(MINILM),
+            "port": port, "max_model_len": max_model_len,
+            "kv_cache_memory_bytes": 67108864, "extra_args": ["--enforce-eager"]}],
+    }
+    extra_file = tmp_path / "extra.json"
+    extra_file.write_text(json.dumps(extra))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CACHE_PLUGIN="memory")
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={ROOT / '.venv' / 'bin' / 'python'}",
+         "-e", f"@{extra_file}", str(playbook)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    output = proc.stdout + proc.stderr
+    assert key not in output
+    assert proc.returncode == 0, output[-5000:]
+    recap = re.search(r"localhost\s+: ok=\d+\s+changed=(\d+)", output)
+    return int(recap.group(1)), output
+
+
+def _container():
+    return json.loads(_docker("inspect", NAME).stdout)[0]
+
+
+def test_pooling_model_create_keep_replace(playbook, tmp_path):
+    key, port = "vllmsrv-" + secrets.token_hex(12), _free_port()
+    changed, _ = _run(playbook, tmp_path, key, port, 256)
+    assert changed >= 1
+    first = _container()
+    assert first["Config"]["Labels"]["org.gpufleet.model"] == \
+        "sentence-transformers/all-MiniLM-L6-v2"
+    assert "--runner" in first["Args"] and "pooling" in first["Args"]
+
+    url = f"http://127.0.0.1:{port}"
+    assert requests.get(f"{url}/v1/models", timeout=10).status_code == 401
+    resp = requests.post(f"{url}/v1/embeddings", timeout=60,
+                         headers={"Authorization": f"Bearer {key}"},
+                         json={"model": "sentence-transformers/all-MiniLM-L6-v2",
+                               "input": "The capital of France is Paris."})
+    assert resp.status_code == 200
+    assert len(resp.json()["data"][0]["embedding"]) == 384  # all-MiniLM-L6-v2's dimension
+
+    changed, _ = _run(playbook, tmp_path, key, port, 256)
+    assert changed == 0
+    again = _container()
+    assert again["Id"] == first["Id"]
+    assert again["State"]["StartedAt"] == first["State"]["StartedAt"]
+
+    changed, _ = _run(playbook, tmp_path, key, port, 128)
+    assert changed >= 1
+    replaced = _container()
+    assert replaced["Id"] != first["Id"]
+    assert replaced["Config"]["Labels"]["org.gpufleet.settings-hash"] != \
+        first["Config"]["Labels"]["org.gpufleet.settings-hash"]
+    assert "128" in replaced["Args"]
