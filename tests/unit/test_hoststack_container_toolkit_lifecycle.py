@@ -1,0 +1,148 @@
+"""container_toolkit role end to end on a Debian 12 container WITHOUT Docker (slow).
+
+The Molecule scenario covers a host with the user's Docker and daemon.json; this covers
+the other path: Docker absent, installed by the role from Debian's mirror, and a
+daemon.json the role creates. The toolkit packages come from the lab's STAND-IN
+libnvidia-container repository (lab/apt/, 127.0.0.1:8081). Shows bad input failing
+before any change, then the four steps: check mode predicts, apply, re-apply with
+nothing changed, check mode with nothing to change. The inner dockerd is kept off the
+machine's network ("bridge": "none", iptables off) because the container shares it.
+"""
+import json
+import os
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("docker") is None, reason="docker CLI not installed"),
+]
+
+LAB_VARS = {
+    "container_toolkit_repo_url": "http://127.0.0.1:8081/libnvidia-container/stable/deb/amd64/",
+    "container_toolkit_repo_trusted": True,
+    "container_toolkit_verify": False,
+    # no driver on this host: nvidia-ctk cdi generate needs one (covered in Molecule)
+    "container_toolkit_cdi": False,
+}
+PLAYBOOK = """
+- name: Drive the container_toolkit role
+  hosts: all
+  gather_facts: true
+  pre_tasks:
+    - name: Keep the inner dockerd off the shared network
+      ansible.builtin.copy:
+        content: '{"bridge": "none", "iptables": false, "ip6tables": false}'
+        dest: /etc/docker/daemon.json
+        mode: "0644"
+        force: false
+      when: keep_network | default(true)
+  roles:
+    - role: container_toolkit
+"""
+
+
+def sh(*args, check=True):
+    return subprocess.run(args, capture_output=True, text=True, check=check)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    if sh("docker", "info", check=False).returncode != 0:
+        pytest.skip("docker engine not running (scripts/setup.sh starts it)")
+    sh("bash", str(ROOT / "lab/apt/serve.sh"))
+    name = f"hoststack-ctk-{uuid.uuid4().hex[:8]}"
+    sh("docker", "run", "-d", "--name", name, "--network", "host", "--cap-add", "SYS_ADMIN",
+       "--cap-add", "NET_ADMIN", "--security-opt", "seccomp=unconfined",
+       "--security-opt", "apparmor=unconfined", "--cgroupns", "host", "--tmpfs", "/run",
+       "--tmpfs", "/run/lock", "--tmpfs", "/tmp:exec", "--tmpfs", "/var/lib/docker:exec",
+       "--tmpfs", "/var/lib/containerd:exec", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+       "--stop-signal", "SIGRTMIN+3", "gpufleet/debian:12", "/lib/systemd/systemd")
+    try:
+        sh("docker", "exec", name, "mkdir", "-p", "/etc/docker")
+        work = tmp_path_factory.mktemp("ctk")
+        (work / "inventory.ini").write_text(
+            f"{name} ansible_connection=community.docker.docker "
+            "ansible_python_interpreter=/usr/bin/python3\n")
+        (work / "site.yml").write_text(PLAYBOOK)
+        yield {"name": name, "work": work}
+    finally:
+        sh("docker", "rm", "-f", name, check=False)
+
+
+def play(host, check=False, **extra):
+    """Run the role; return (rc, changed task count, messages of failed tasks)."""
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_CACHE_PLUGIN="memory",
+               ANSIBLE_FORCE_COLOR="0")
+    args = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(host["work"] / "inventory.ini"),
+            str(host["work"] / "site.yml"), "-e", json.dumps({**LAB_VARS, **extra})]
+    if check:
+        args.append("--check")
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    start = proc.stdout.find("\n{") + 1  # profile_tasks prints a timestamp line first
+    assert start > 0, f"ansible-playbook printed no report: {proc.stdout}\n{proc.stderr}"
+    report, _ = json.JSONDecoder().raw_decode(proc.stdout[start:])
+    failures = [f'{t["task"]["name"]}: {res.get("msg", "")}'
+                for p in report["plays"] for t in p["tasks"]
+                for res in t["hosts"].values() if res.get("failed")]
+    changed = [t["task"]["name"] for p in report["plays"] for t in p["tasks"]
+               for res in t["hosts"].values() if res.get("changed")]
+    return (proc.returncode, report["stats"][host["name"]]["changed"],
+            " ".join(failures) + (f" (changed: {changed})" if changed else ""))
+
+
+def docker_in(host, *args):
+    return sh("docker", "exec", host["name"], *args, check=False)
+
+
+def test_bad_input_changes_nothing(host):
+    rc, _, msg = play(host, container_toolkit_docker_install=False)
+    assert rc != 0 and "Docker Engine is not installed" in msg and "container_toolkit_docker_install" in msg
+    rc, _, msg = play(host, container_toolkit_repo_url="http://127.0.0.1:9/nothing/")
+    assert rc != 0 and "cannot be read" in msg and "container_toolkit_repo_url" in msg
+    rc, _, msg = play(host, container_toolkit_version="1.0.0-1")
+    assert rc != 0 and "1.17.8-1, 1.18.0-1" in msg
+    docker_in(host, "sh", "-c", "echo 'bridge: none' > /etc/docker/daemon.json")
+    rc, _, msg = play(host)
+    assert rc != 0 and "is not a JSON object" in msg
+    assert docker_in(host, "cat", "/etc/docker/daemon.json").stdout == "bridge: none\n"
+    docker_in(host, "rm", "/etc/docker/daemon.json")
+    assert docker_in(host, "test", "-e", "/usr/bin/dockerd").returncode != 0
+    assert docker_in(host, "test", "-e", "/etc/apt/sources.list.d/nvidia-container-toolkit.list").returncode != 0
+
+
+def test_four_steps_installing_docker(host):
+    rc, changed, msg = play(host, check=True)
+    assert rc == 0, msg
+    assert changed > 0
+    assert docker_in(host, "test", "-e", "/usr/bin/dockerd").returncode != 0  # nothing installed
+
+    rc, changed, msg = play(host)
+    assert rc == 0, msg
+    assert changed > 0
+    runtimes = json.loads(docker_in(host, "docker", "info", "--format", "{{json .Runtimes}}").stdout)
+    assert "nvidia" in runtimes
+    cfg = json.loads(docker_in(host, "cat", "/etc/docker/daemon.json").stdout)
+    assert cfg["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+    assert cfg["bridge"] == "none"
+    holds = set(docker_in(host, "apt-mark", "showhold").stdout.split())
+    assert {"nvidia-container-toolkit", "nvidia-container-toolkit-base"} <= holds
+    version = docker_in(host, "dpkg-query", "-W", "-f=${Version}", "nvidia-container-toolkit").stdout
+    assert version == "1.18.0-1"  # newest on first install
+
+    rc, changed, msg = play(host)
+    assert (rc, changed) == (0, 0), msg
+    rc, changed, msg = play(host, check=True)
+    assert (rc, changed) == (0, 0), msg
+
+    # Only the variable moves the version (here down to 1.17.8-1), and the holds stay.
+    rc, changed, msg = play(host, container_toolkit_version="1.17.8-1")
+    assert rc == 0 and changed > 0, msg
+    version = docker_in(host, "dpkg-query", "-W", "-f=${Version}", "nvidia-container-toolkit-base").stdout
+    assert version == "1.17.8-1"
+    assert "nvidia-container-toolkit" in docker_in(host, "apt-mark", "showhold").stdout.split()
