@@ -45,6 +45,9 @@ MANIFEST_NAME = "manifest.json"
 PROGRESS_NAME = "progress.json"
 MANIFEST_FORMAT = 1
 CHUNK = 1 << 20  # hashlib releases the GIL on updates this large, so workers hash in parallel
+# urllib3 1.26 (Debian 12's python3-urllib3) has no read1, only read(n), which waits for n
+# bytes and loses them if the connection drops: read smaller pieces there.
+LEGACY_CHUNK = 64 << 10
 VERIFY_ATTEMPTS = 2  # a file whose hash mismatches is quarantined and fetched once more
 MAX_RETRY_AFTER = 120.0
 MAX_BACKOFF = 30.0
@@ -582,12 +585,14 @@ class Fetcher:
                     raise _Transient(f"{f.path}: the mirror answered the wrong range")
             elif part.offset:
                 part.restart()  # no Range support (200): this file starts over
+            # read1: what has arrived, so bytes before a drop are kept (read(n) would
+            # buffer up to n and lose them with the connection); urllib3 2 has it
+            read1 = getattr(resp.raw, "read1", None)
             with open(part.path, "ab") as out:
-                # read1: what has arrived, so bytes before a drop are kept (read(n) would
-                # buffer up to n and lose them with the connection)
                 while part.offset < f.size:
                     try:
-                        chunk = resp.raw.read1(CHUNK, decode_content=True)
+                        chunk = (read1(CHUNK, decode_content=True) if read1 else
+                                 resp.raw.read(LEGACY_CHUNK, decode_content=True))
                     except (requests.RequestException, urllib3.exceptions.HTTPError,
                             OSError) as exc:
                         raise _Transient(f"{f.path}: connection lost after {part.offset} "
