@@ -89,6 +89,12 @@ options:
     description: Folder inside the container under which model folders are mounted.
     type: str
     default: /models
+  metrics_address:
+    description:
+      - Address Prometheus scrapes for this host's C(/metrics); empty uses the address
+        the ready check uses (O(bind_address), or 127.0.0.1 when bound to every interface).
+    type: str
+    default: ""
   check_ports:
     description: Refuse host ports in use by anything but the container being replaced.
     type: bool
@@ -122,7 +128,8 @@ instances:
     - One entry per container, with C(name), C(model), C(port), C(url), C(device_ids),
       C(network_mode), C(published_ports), C(command), C(env), C(mounts), C(ipc_mode), C(shm_size), C(device_requests),
       C(labels), C(settings_hash), C(args_hash), C(revision), C(served_model_name), C(runner), and
-      C(action) (C(keep), C(create) or C(replace)).
+      C(action) (C(keep), C(create) or C(replace)), and C(file_sd) (its Prometheus
+      file_sd entry, C(targets) and C(labels)).
   returned: success
   type: list
   elements: dict
@@ -196,6 +203,10 @@ def run(params, client):
         current = existing.get(inst["name"])
         inst["action"] = decide_action(inst, current)
         inst["url"] = f"http://{host}:{inst['port']}"
+        inst["file_sd"] = {
+            "targets": [f"{params['metrics_address'] or host}:{inst['port']}"],
+            "labels": {"container": inst["name"], "model": inst["model"],
+                       "served_model_name": inst["served_model_name"]}}
         ours = bool(current and current["running"] and current["port"] == inst["port"])
         if params["check_ports"] and inst["action"] != "keep" and not ours \
                 and not port_is_free(params["bind_address"], inst["port"]):
@@ -229,6 +240,7 @@ def main():
             "env": {"type": "dict", "default": {}},
             "shm_size": {"type": "str", "default": "8g"},
             "model_mount_root": {"type": "str", "default": "/models"},
+            "metrics_address": {"type": "str", "default": ""},
             "check_ports": {"type": "bool", "default": True},
         },
         supports_check_mode=True,

@@ -21,7 +21,7 @@ __all__ = [
     "ARGS_CHECK_MODEL", "CONTAINER_PORT", "DIAGNOSES", "LABEL_PREFIX", "NotReady",
     "PlanError", "args_check_command", "args_check_verdict", "check_unique_ports",
     "decide_action", "device_request", "diagnose", "failure_message", "instance_labels",
-    "model_revision", "plan_instances", "port_is_free", "readiness_request",
+    "model_revision", "plan_instances", "port_is_free", "previous_name", "readiness_request",
     "settings_hash", "slug", "wait_ready",
 ]
 
@@ -82,6 +82,12 @@ DIAGNOSES = [
      "the KV cache cannot hold one request of max_model_len {len} tokens",
      "lower max_model_len (the log line above names the longest that fits) or give "
      "vLLM more memory"),
+    # vllm/config/model.py (get_and_verify_max_len), raised through pydantic
+    (r"User-specified max_model_len \((?P<len>\d+)\) is greater than the derived "
+     r"max_model_len \((?P<why>[^)]*)\)",
+     "max_model_len {len} is above the model's context ({why})",
+     "lower max_model_len, or set allow_long_context for a model extended with rope "
+     "scaling (the tuner then sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)"),
     (r"No available memory for the cache blocks",
      "nothing is left for the KV cache after the weights",
      "raise gpu_memory_utilization / kv_cache_memory_bytes or use more GPUs"),
@@ -310,6 +316,11 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
                                       {LABEL_PREFIX + "port": port + number}),
         })
     return instances
+
+
+def previous_name(name):
+    """Name a container is parked under while its replacement starts (vllm_park)."""
+    return f"{name}-previous"
 
 
 def check_unique_ports(instances):

@@ -68,6 +68,12 @@ def test_diagnose_real_vllm_logs(fixture, cause, fix):
      "(16.00 GiB KV cache is needed, which is larger than the available KV cache memory "
      "(9.50 GiB). Based on the available memory, the estimated maximum model length is "
      "77808.", "one request of max_model_len 131072"),
+    # vllm/config/model.py, as the lab image logged it (extra_args --max-model-len 100000)
+    ("  Value error, User-specified max_model_len (100000) is greater than the derived "
+     "max_model_len (max_position_embeddings=8192.0 or model_max_length=None in model's "
+     "config.json). To allow overriding this maximum, set the env var "
+     "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.", "max_model_len 100000 is above the model's "
+     "context (max_position_embeddings=8192.0"),
     # moby: port binding of a published port
     ("Error response from daemon: driver failed programming external connectivity on "
      "endpoint x: Bind for 127.0.0.1:8000 failed: port is already allocated",
@@ -467,7 +473,7 @@ def _plan_params(tmp_path, **kw):
               "port": 0, "bind_address": "127.0.0.1", "network_mode": "host",
               "gpu_runtime": "none",
               "gpu_indexes": [], "allow_replicas": False, "env": {}, "shm_size": "1g",
-              "model_mount_root": "/models", "check_ports": True}
+              "model_mount_root": "/models", "check_ports": True, "metrics_address": ""}
     params.update(kw)
     return params
 
@@ -487,6 +493,8 @@ def test_vllm_serve_plan_keep_replace_remove_and_busy_port(tmp_path):
         first = vllm_serve_plan.run(dict(params, check_ports=False), FakeDocker([]))
         inst = first["instances"][0]
         assert inst["action"] == "create" and inst["url"] == f"http://127.0.0.1:{port}"
+        assert inst["file_sd"] == {"targets": [f"127.0.0.1:{port}"], "labels": {
+            "container": "vllmsrv-m", "model": "m", "served_model_name": "m"}}
         # our own running container holds the port: the same plan keeps it
         ours = FakeContainer("vllmsrv-m", inst["labels"])
         stale = FakeContainer("vllmsrv-old", {}, status="exited")
