@@ -184,7 +184,7 @@ def main():
         nvswitches = nvswitch_count(read_pci(p["sysfs_root"]))
         fabricmanager = wants_fabricmanager(p["fabricmanager"], nvswitches)
         plan = plan_driver(repo["manager"], p["branch"], p["version"], p["upgrade"], flavor,
-                           fabricmanager, p["installed"], available)
+                           fabricmanager, p["installed"], available, p["distribution"])
         plan.update(fabricmanager=fabricmanager, nvswitches=nvswitches)
     except HostStackError as exc:
         module.fail_json(msg=str(exc))

@@ -244,7 +244,7 @@ def wants_fabricmanager(setting, nvswitches):
     return setting == "enabled" or (setting == "auto" and nvswitches > 0)
 
 
-def driver_packages(manager, branch, flavor, fabricmanager=False):
+def driver_packages(manager, branch, flavor, fabricmanager=False, distribution="Debian"):
     """Package names for a driver branch: what to install and what to hold.
 
     Returns {"meta", "install": [names], "hold": [names], "stream"}: `install` gets the
@@ -260,9 +260,17 @@ def driver_packages(manager, branch, flavor, fabricmanager=False):
             meta = "nvidia-open" if flavor == "open" else "cuda-drivers"
         else:
             meta = f"nvidia-open-{branch}" if flavor == "open" else f"cuda-drivers-{branch}"
-        kmod = "nvidia-kernel-open-dkms" if flavor == "open" else "nvidia-kernel-dkms"
         install = ([f"nvidia-driver-pinning-{branch}"] if pinned else []) + [meta]
-        hold = [meta, "nvidia-driver", "nvidia-driver-cuda", kmod, "nvidia-persistenced"]
+        if distribution == "Ubuntu":
+            # Ubuntu's CUDA repository uses Ubuntu's per-branch names
+            # (nvidia-open-580 -> nvidia-driver-580-open -> nvidia-dkms-580-open, ...).
+            suffix = "-open" if flavor == "open" else ""
+            hold = [meta, f"nvidia-driver-{branch}{suffix}", f"nvidia-dkms-{branch}{suffix}",
+                    f"nvidia-kernel-common-{branch}", f"nvidia-utils-{branch}",
+                    f"nvidia-compute-utils-{branch}", f"libnvidia-compute-{branch}"]
+        else:
+            kmod = "nvidia-kernel-open-dkms" if flavor == "open" else "nvidia-kernel-dkms"
+            hold = [meta, "nvidia-driver", "nvidia-driver-cuda", kmod, "nvidia-persistenced"]
         if fabricmanager:
             install.append(f"nvidia-fabricmanager-{branch}")
             hold.append(f"nvidia-fabricmanager-{branch}")
@@ -329,14 +337,15 @@ _DRIVER_META_RE = re.compile(
     r"^(nvidia-open|cuda-drivers|nvidia-fabricmanager|nvidia-driver-pinning)(-\d+)?$")
 
 
-def plan_driver(manager, branch, version, upgrade, flavor, fabricmanager, installed, available):
+def plan_driver(manager, branch, version, upgrade, flavor, fabricmanager, installed, available,
+                distribution="Debian"):
     """What the driver role does: packages with versions, packages to remove, holds.
 
     installed: ansible_facts.packages (name -> [{"version": ...}]). available: the
     repository's {name: [versions]} (apt) or None (dnf). Returns a dict described in
     library/nvidia_driver_plan.py RETURN.
     """
-    pkgs = driver_packages(manager, branch, flavor, fabricmanager)
+    pkgs = driver_packages(manager, branch, flavor, fabricmanager, distribution)
     current = _installed_version(installed, pkgs["meta"])
     if current and upstream_version(current).split(".")[0] != str(parse_branch(branch)):
         current = None  # unversioned meta (R590+) of another branch

@@ -139,6 +139,13 @@ def test_apt_packages_up_to_580_use_branch_metas():
     assert hoststack.driver_packages("apt", "535", "proprietary")["meta"] == "cuda-drivers-535"
 
 
+def test_ubuntu_holds_ubuntu_package_names():
+    pkgs = hoststack.driver_packages("apt", "580", "open", distribution="Ubuntu")
+    assert pkgs["install"] == ["nvidia-open-580"]
+    assert {"nvidia-driver-580-open", "nvidia-dkms-580-open", "nvidia-utils-580"} <= set(pkgs["hold"])
+    assert "nvidia-dkms-535" in hoststack.driver_packages("apt", "535", "proprietary", distribution="Ubuntu")["hold"]
+
+
 def test_apt_packages_from_590_use_the_pinning_package():
     pkgs = hoststack.driver_packages("apt", "595", "open")
     assert pkgs["install"] == ["nvidia-driver-pinning-595", "nvidia-open"]
