@@ -24,14 +24,18 @@ images() {
   run_if lab/vllm/build.sh
 }
 
+# Loopback services the lab hosts use, as a real fleet uses its company's servers:
+#   127.0.0.1:8081  stand-in NVIDIA apt repositories (lab/apt)
+#   127.0.0.1:8091  olah, a real HF mirror, offline over git-lfs repos of the lab models
+#   127.0.0.1:8090  the site mirror (nginx) that hf_model filled from olah
 services_up() {
-  run_if lab/apt/serve.sh start
-  run_if lab/mirror/serve.sh start
+  bash lab/apt/serve.sh start
+  python3 tests/hfstub/lab_mirrors.py up
 }
 
 services_down() {
-  run_if lab/mirror/serve.sh stop
-  run_if lab/apt/serve.sh stop
+  python3 tests/hfstub/lab_mirrors.py down
+  bash lab/apt/serve.sh stop
 }
 
 up() {
