@@ -521,3 +521,126 @@ def test_vllm_serve_plan_main_bad_input(tmp_path, monkeypatch):
     params = _plan_params(tmp_path, tunes=[{"failed": True, "msg": "no fit"}])
     result, failed = run_module(vllm_serve_plan.main, params, monkeypatch)
     assert failed and "has no vllm_tune result" in result["msg"]
+
+
+# ----------------------------------------------------------------- vllm_park, vllm_args_check
+class ParkContainer:
+    """docker SDK container stand-in recording what was done to it."""
+
+    def __init__(self, registry, name, status="running"):
+        self.registry, self.name, self.status, self.calls = registry, name, status, []
+        registry[name] = self
+
+    def stop(self, timeout):
+        self.calls.append(("stop", timeout))
+        self.status = "exited"
+
+    def start(self):
+        self.calls.append(("start",))
+        self.status = "running"
+
+    def rename(self, new):
+        self.calls.append(("rename", new))
+        del self.registry[self.name]
+        self.name = new
+        self.registry[new] = self
+
+    def remove(self, force):
+        self.calls.append(("remove", force))
+        del self.registry[self.name]
+
+
+class ParkDocker:
+    def __init__(self):
+        self.all = {}
+        self.containers = self
+
+    def get(self, name):
+        import docker.errors
+        if name not in self.all:
+            raise docker.errors.NotFound(name)
+        return self.all[name]
+
+
+def test_vllm_park_park_restore_drop():
+    import vllm_park
+    client = ParkDocker()
+    old = ParkContainer(client.all, "vllm-m")
+    params = {"name": "vllm-m", "stop_timeout": 30}
+    # check mode reports the change and does nothing
+    assert vllm_park.run(dict(params, state="parked"), client, check_mode=True)
+    assert old.calls == []
+    assert vllm_park.run(dict(params, state="parked"), client, check_mode=False)
+    assert old.calls == [("stop", 30), ("rename", "vllm-m-previous")]
+    new = ParkContainer(client.all, "vllm-m")  # the replacement, which fails
+    assert vllm_park.run(dict(params, state="restored"), client, check_mode=False)
+    assert new.calls == [("remove", True)]
+    assert client.all == {"vllm-m": old} and old.status == "running"
+    # nothing parked: restore and drop change nothing
+    assert not vllm_park.run(dict(params, state="restored"), client, check_mode=False)
+    assert not vllm_park.run(dict(params, state="dropped"), client, check_mode=False)
+    vllm_park.run(dict(params, state="parked"), client, check_mode=False)
+    ParkContainer(client.all, "vllm-m")
+    assert vllm_park.run(dict(params, state="dropped"), client, check_mode=False)
+    assert list(client.all) == ["vllm-m"] and client.all["vllm-m"] is not old
+    # nothing to park
+    assert not vllm_park.run({"name": "none", "stop_timeout": 1, "state": "parked"}, client,
+                             check_mode=False)
+
+
+class CheckRunDocker:
+    """docker SDK stand-in for vllm_args_check: `run` returns a container that exited
+    with the given status and real log text."""
+
+    def __init__(self, status, log):
+        self.status, self.log, self.ran = status, log, []
+        self.containers = self
+
+    def get(self, name):
+        import docker.errors
+        raise docker.errors.NotFound(name)
+
+    def run(self, image, **kw):
+        self.ran.append((image, kw))
+        outer = self
+
+        class Done:
+            removed = False
+
+            def wait(self, timeout):
+                return {"StatusCode": outer.status}
+
+            def logs(self, stdout, stderr):
+                return outer.log.encode()
+
+            def remove(self, force):
+                Done.removed = True
+
+        self.done = Done
+        return Done()
+
+
+def test_vllm_args_check_refuses_unknown_flag_and_cleans_up(monkeypatch):
+    import vllm_args_check
+    client = CheckRunDocker(2, _log("unknown-flag.log"))
+    monkeypatch.setattr(vllm_args_check.docker, "from_env", lambda: client)
+    result, failed = run_module(vllm_args_check.main, {
+        "image": "gpufleet/vllm-cpu:lab", "name": "vllm-m-args-check",
+        "command": ["/models/m", "--no-such-flag", "3"], "env": {"A": "1"}}, monkeypatch)
+    assert failed and not result["accepted"] and result["exit_code"] == 2
+    assert "does not know the flag(s) --no-such-flag 3" in result["msg"]
+    image, kw = client.ran[0]
+    assert kw["command"] == [serve.ARGS_CHECK_MODEL, "--no-such-flag", "3"]
+    assert kw["network_mode"] == "none" and "device_requests" not in kw
+    assert kw["environment"]["HF_HUB_OFFLINE"] == "1" and kw["environment"]["A"] == "1"
+    assert client.done.removed
+
+
+def test_vllm_args_check_accepts_real_run_stopping_at_the_model(monkeypatch):
+    import vllm_args_check
+    client = CheckRunDocker(1, _log("args-accepted-no-model.log"))
+    monkeypatch.setattr(vllm_args_check.docker, "from_env", lambda: client)
+    result, failed = run_module(vllm_args_check.main, {
+        "image": "gpufleet/vllm-cpu:lab", "name": "c", "command": ["/models/m"]},
+        monkeypatch, check_mode=True)
+    assert not failed and result["accepted"] and not result["changed"]
