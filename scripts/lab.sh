@@ -77,6 +77,9 @@ case "${1:-}" in
   up) up ;;
   run) shift; up; run_site "$@" ;;
   down)
+    # The vLLM containers the lab hosts started on this machine's engine (their names
+    # start with vllm_server_container_prefix, "vllm-<host>-" in the lab), then the hosts.
+    ids=$(docker ps -aq --filter 'name=^vllm-lab-') && [[ -z "$ids" ]] || docker rm -f $ids >/dev/null
     ansible-playbook -i "$INVENTORY" playbooks/lab.yml -e lab_state=absent
     services_down
     ;;
