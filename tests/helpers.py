@@ -34,3 +34,31 @@ def run_module(main, args, monkeypatch, check_mode=False):
             main()
     # round-trip through JSON like Ansible does, so non-serialisable results fail here
     return json.loads(json.dumps(exc.value.result)), exc.value.failed
+
+
+def run_playbook(inventory, playbook, host, extra_vars, check=False, timeout=900):
+    """Run ansible-playbook with the json callback; return (rc, changed count of `host`,
+    failure messages (task: msg, with failed loop items), names of changed tasks)."""
+    import os
+    import re
+    import subprocess
+
+    from conftest import ROOT
+
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_CACHE_PLUGIN="memory",
+               ANSIBLE_FORCE_COLOR="0")
+    args = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(inventory), str(playbook),
+            "-e", json.dumps(extra_vars)]
+    if check:
+        args.append("--check")
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+    start = re.search(r"^\{", proc.stdout, re.M)  # profile_tasks may print lines first
+    assert start, f"ansible-playbook printed no report: {proc.stdout}\n{proc.stderr}"
+    report, _ = json.JSONDecoder().raw_decode(proc.stdout[start.start():])
+    results = [(t["task"]["name"], res) for p in report["plays"] for t in p["tasks"]
+               for res in t["hosts"].values()]
+    failures = [f'{name}: {res.get("msg", "")} '
+                + " ".join(str(i.get("msg", "")) for i in res.get("results", []) if i.get("failed"))
+                for name, res in results if res.get("failed")]
+    changed = [name for name, res in results if res.get("changed")]
+    return proc.returncode, report["stats"][host]["changed"], failures, changed

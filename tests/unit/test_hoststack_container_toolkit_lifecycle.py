@@ -9,7 +9,6 @@ nothing changed, check mode with nothing to change. The inner dockerd is kept of
 machine's network ("bridge": "none", iptables off) because the container shares it.
 """
 import json
-import os
 import shutil
 import subprocess
 import uuid
@@ -17,6 +16,7 @@ import uuid
 import pytest
 
 from conftest import ROOT
+from helpers import run_playbook
 
 pytestmark = [
     pytest.mark.slow,
@@ -77,23 +77,9 @@ def host(tmp_path_factory):
 
 def play(host, check=False, **extra):
     """Run the role; return (rc, changed task count, messages of failed tasks)."""
-    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_CACHE_PLUGIN="memory",
-               ANSIBLE_FORCE_COLOR="0")
-    args = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(host["work"] / "inventory.ini"),
-            str(host["work"] / "site.yml"), "-e", json.dumps({**LAB_VARS, **extra})]
-    if check:
-        args.append("--check")
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
-    start = proc.stdout.find("\n{") + 1  # profile_tasks prints a timestamp line first
-    assert start > 0, f"ansible-playbook printed no report: {proc.stdout}\n{proc.stderr}"
-    report, _ = json.JSONDecoder().raw_decode(proc.stdout[start:])
-    failures = [f'{t["task"]["name"]}: {res.get("msg", "")}'
-                for p in report["plays"] for t in p["tasks"]
-                for res in t["hosts"].values() if res.get("failed")]
-    changed = [t["task"]["name"] for p in report["plays"] for t in p["tasks"]
-               for res in t["hosts"].values() if res.get("changed")]
-    return (proc.returncode, report["stats"][host["name"]]["changed"],
-            " ".join(failures) + (f" (changed: {changed})" if changed else ""))
+    rc, count, failures, changed = run_playbook(host["work"] / "inventory.ini", host["work"] / "site.yml",
+                                                host["name"], {**LAB_VARS, **extra}, check)
+    return rc, count, " ".join(failures) + (f" (changed: {changed})" if changed else "")
 
 
 def docker_in(host, *args):

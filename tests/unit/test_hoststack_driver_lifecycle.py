@@ -12,8 +12,6 @@ the installed driver's version. Shows:
 - without changing the variables the driver is never upgraded although the repository
   has a newer 580 release; changing nvidia_driver_version upgrades it.
 """
-import json
-import os
 import shutil
 import subprocess
 import uuid
@@ -21,6 +19,7 @@ import uuid
 import pytest
 
 from conftest import FIXTURES, ROOT
+from helpers import run_playbook
 
 pytestmark = [
     pytest.mark.slow,
@@ -81,22 +80,9 @@ def host(tmp_path_factory):
 
 def play(host, check=False, **extra):
     """Run the role; return (rc, changed task count, messages of failed tasks)."""
-    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_CACHE_PLUGIN="memory",
-               ANSIBLE_FORCE_COLOR="0")
-    args = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(host["work"] / "inventory.ini"),
-            str(host["work"] / "site.yml"), "-e", json.dumps({**LAB_VARS, **extra})]
-    if check:
-        args.append("--check")
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
-    start = proc.stdout.find("\n{") + 1  # profile_tasks prints a timestamp line first
-    assert start >= 0, f"ansible-playbook printed no report: {proc.stdout}\n{proc.stderr}"
-    report, _ = json.JSONDecoder().raw_decode(proc.stdout[start:])
-    stats = report["stats"][host["name"]]
-    failures = [f'{t["task"]["name"]}: {res.get("msg", "")} '
-                + " ".join(str(i.get("msg", "")) for i in res.get("results", []) if i.get("failed"))
-                for p in report["plays"] for t in p["tasks"]
-                for res in t["hosts"].values() if res.get("failed")]
-    return proc.returncode, stats["changed"], " ".join(str(f) for f in failures)
+    rc, changed, failures, _ = run_playbook(host["work"] / "inventory.ini", host["work"] / "site.yml",
+                                            host["name"], {**LAB_VARS, **extra}, check, timeout=600)
+    return rc, changed, " ".join(failures)
 
 
 def state(host):
