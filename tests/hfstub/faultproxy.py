@@ -22,8 +22,10 @@ import random
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
+
+from hfstub.server import LoopbackServer
 
 STATUS_FAULTS = ("reset", "500", "429")
 BODY_FAULTS = ("drop", "truncate", "flip", "stall")
@@ -31,7 +33,7 @@ ALL_FAULTS = STATUS_FAULTS + BODY_FAULTS
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 
 
-class FaultProxy:
+class FaultProxy(LoopbackServer):
     def __init__(self, upstream, rate=0.0, kinds=ALL_FAULTS, seed=0, stall_s=3.0,
                  retry_after="0", queue=(), only=None):
         parts = urlsplit(upstream)
@@ -49,18 +51,7 @@ class FaultProxy:
         class Handler(_ProxyHandler):
             owner = proxy
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._listen(Handler)
 
     @property
     def total_faults(self):

@@ -71,7 +71,26 @@ class Repo:
         return sorted(entries, key=lambda e: e["path"])
 
 
-class HubStub:
+class LoopbackServer:
+    """A threaded HTTP server on 127.0.0.1 (a port the kernel picks, in .url), serving
+    while the object is used as a context manager."""
+
+    def _listen(self, handler_class):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class HubStub(LoopbackServer):
     """Start with `with HubStub([...]) as hub:`; hub.url is the endpoint (HF_ENDPOINT)."""
 
     def __init__(self, repos, range_support=True, lfs_redirect=True, page_size=50,
@@ -92,18 +111,7 @@ class HubStub:
         class Handler(_Handler):
             hub = stub
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._listen(Handler)
 
     def url_for(self, handler):
         """Absolute base URL as the client addressed us (through a proxy: the proxy's)."""
