@@ -90,11 +90,16 @@ def test_minilm_folder_is_a_native_pooling_encoder(tmp_path):
 
 
 def test_sentence_transformers_files_turn_a_causal_lm_into_an_embedding_model(tmp_path):
-    folder = copy_model("qwen3-8b", tmp_path)
-    shutil.copy(MODELS / "all-minilm-l6-v2" / "modules.json", folder / "modules.json")
+    # Qwen3-Embedding-0.6B as published: a Qwen3ForCausalLM config + modules.json
+    folder = copy_model("qwen3-embedding-0.6b", tmp_path)
+    assert json.loads((folder / "config.json").read_text())["architectures"] == [
+        "Qwen3ForCausalLM"]
     write_safetensors(folder / "model.safetensors", {"w": ("BF16", [4], 8)})
     desc = m.describe_model_dir(str(folder))
     assert desc["kind"] == "pooling" and desc["native_pooling"] is False
+    for name in ("modules.json", "config_sentence_transformers.json"):
+        (folder / name).unlink()
+    assert m.describe_model_dir(str(folder))["kind"] == "generative"
 
 
 def test_hybrid_layer_types_and_uniform_sliding_window():

@@ -236,8 +236,13 @@ def test_qwen3_8b_target_concurrency():
     assert nearest == ok["prediction"]["num_blocks"] // 400 * 16
 
 
-def test_qwen2_5_7b_tp7_is_refused_for_kv_heads():
-    qwen = describe("qwen2.5-7b", 15_231_233_024)
+# Qwen2.5-7B-Instruct: 7,615,616,512 BF16 parameters (the hub's own API record,
+# safetensors.parameters, vendored beside its config; SOURCES.md)
+QWEN25_7B_INSTRUCT_BYTES = 7_615_616_512 * 2
+
+
+def test_qwen2_5_7b_instruct_tp7_is_refused_for_kv_heads():
+    qwen = describe("qwen2.5-7b-instruct", QWEN25_7B_INSTRUCT_BYTES)
     assert t.tp_problem(qwen, 7) == ("kv heads 4: tensor parallel size 7 is neither a "
                                      "divisor nor a multiple of 4")
     with pytest.raises(t.TuneError, match="tensor_parallel_size 7 is refused: kv heads 4"):
@@ -311,19 +316,36 @@ def test_awq_7b_on_rtx_4090():
         t.plan(awq, P100, max_model_len=4096)
 
 
-def test_embedding_model_converted_from_a_causal_lm(tmp_path):
-    """A Qwen3 causal LM with sentence-transformers files (how Qwen3-Embedding ships;
-    its own config.json was not found, see SOURCES.md) runs with the pooling runner."""
-    folder = tmp_path / "qwen3-embed"
-    shutil.copytree(MODELS / "qwen3-8b", folder)
-    shutil.copy(MODELS / "all-minilm-l6-v2" / "modules.json", folder / "modules.json")
-    desc = m.describe_model_dir(str(folder), weights_bytes=16 * GiB)
-    result = t.plan(desc, hopper(1), max_model_len=32768)
-    args = result["args"]
+def qwen3_embedding_params():
+    """Qwen3-Embedding-0.6B's parameter count, from its config.json by hand:
+    tied embedding 151,669 x 1024; per layer q 1024x2048, k and v 1024x1024 each,
+    o 2048x1024, MLP 3 x 1024x3072, norms 2 x 1024 + q/k norms 2 x 128; final norm."""
+    per_layer = (1024 * 2048 + 2 * 1024 * 1024 + 2048 * 1024 + 3 * 1024 * 3072
+                 + 2 * 1024 + 2 * 128)
+    return 151_669 * 1024 + 28 * per_layer + 1024
+
+
+def test_qwen3_embedding_0_6b_runs_with_the_pooling_runner(tmp_path):
+    """The real Qwen3-Embedding-0.6B folder (config.json says Qwen3ForCausalLM; the
+    sentence-transformers files make it an embedding model) on a 24 GB A10G."""
+    assert qwen3_embedding_params() == 595_776_512  # the "0.6B"; 1.19 GB in BF16
+    folder = tmp_path / "qwen3-embedding-0.6b"
+    shutil.copytree(MODELS / "qwen3-embedding-0.6b", folder)
+    desc = m.describe_model_dir(str(folder), weights_bytes=qwen3_embedding_params() * 2)
+    assert desc["kind"] == "pooling" and desc["native_pooling"] is False
+    result = t.plan(desc, A10G)
+    args, s, p = result["args"], result["settings"], result["prediction"]
     assert args[:4] == ["--runner", "pooling", "--convert", "embed"]
     assert "--enable-prefix-caching" not in args
-    assert result["settings"]["max_num_batched_tokens"] >= 32768
-    old = t.plan(desc, hopper(1), max_model_len=32768, vllm_version="0.9.2")
+    assert s["max_model_len"] == 32768  # its max_position_embeddings
+    assert s["dtype"] == "bfloat16"  # A10G is 8.6
+    assert s["tensor_parallel_size"] == 1
+    assert s["max_num_batched_tokens"] >= 32768  # a pooling request is one prefill
+    # 28 layers x 2 (K,V) x 8 kv heads x 128 head_dim x 2 bytes
+    assert p["kv_bytes_per_token"] == 28 * 2 * 8 * 128 * 2
+    assert p["weights_bytes_per_gpu"] == 595_776_512 * 2
+    assert p["kv_cache_tokens"] == p["kv_cache_bytes"] // (16 * 114_688) * 16
+    old = t.plan(desc, A10G, vllm_version="0.9.2")
     assert old["args"][:2] == ["--task", "embed"]
 
 
