@@ -138,8 +138,7 @@ def test_deepseek_v4_is_refused_with_what_is_missing():
 
 def test_awq_gptq_compressed_tensors_quantization_fields():
     base = json.loads((MODELS / "qwen2.5-7b" / "config.json").read_text())
-    awq = dict(base, quantization_config={"bits": 4, "group_size": 128, "zero_point": True,
-                                          "version": "gemm", "quant_method": "awq"})
+    awq = json.loads((MODELS / "qwen2.5-7b-instruct-awq" / "config.json").read_text())
     assert m.describe_config(awq, weights_bytes=1)["quantization"] == {
         "method": "awq", "bits": 4, "group_size": 128}
     gptq = dict(base, quantization_config={"quant_method": "gptq", "bits": 8,

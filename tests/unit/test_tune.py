@@ -290,28 +290,31 @@ def test_deepseek_v3_mla_on_8x_h200():
     assert "leave no KV cache room" in str(exc.value)
 
 
-def awq_qwen_7b():
-    """Qwen2.5-7B's real config with AutoAWQ's quantization_config shape
-    ({"bits", "group_size", "zero_point", "version", "quant_method"}); weights as 4-bit
-    linear layers + fp16 embeddings and lm_head (an estimate, no checkpoint at hand)."""
-    cfg = config("qwen2.5-7b")
-    cfg["quantization_config"] = {"bits": 4, "group_size": 128, "zero_point": True,
-                                  "version": "gemm", "quant_method": "awq"}
-    h, inter, layers, vocab = 3584, 18944, 28, 152064
-    linear = layers * (2 * h * h + 2 * h * 512 + 3 * h * inter)
-    weights = linear // 2 + 2 * vocab * h * 2
-    return m.describe_config(cfg, weights_bytes=weights)
+# Qwen2.5-7B-Instruct-AWQ at hub revision b2503754: its two safetensors files,
+# 3,996,422,976 + 1,574,406,784 bytes (SOURCES.md)
+QWEN25_7B_AWQ_BYTES = 3_996_422_976 + 1_574_406_784
 
 
 def test_awq_7b_on_rtx_4090():
-    awq = awq_qwen_7b()
+    """Qwen/Qwen2.5-7B-Instruct-AWQ's own config.json (AutoAWQ 4-bit, group 128, float16)
+    on a 24 GB RTX 4090 at its full 32,768 context, fp8 KV allowed."""
+    awq = describe("qwen2.5-7b-instruct-awq", QWEN25_7B_AWQ_BYTES)
+    assert awq["quantization"] == {"method": "awq", "bits": 4, "group_size": 128}
     result = t.plan(awq, RTX_4090, max_model_len=32768, allow_fp8=True)
-    s = result["settings"]
+    s, p = result["settings"], result["prediction"]
     assert s["dtype"] == "float16"
     assert s["kv_cache_dtype"] == "fp8"  # 8.9 has native FP8
+    assert s["tensor_parallel_size"] == 1 and s["max_model_len"] == 32768
     assert "--kv-cache-dtype" in result["args"] and "--quantization" not in result["args"]
     assert any(r.startswith("quantization awq 4-bit") for r in result["reasons"])
-    assert result["prediction"]["kv_bytes_per_token"] == 2 * 28 * 4 * 128 * 1
+    # 28 layers x 2 (K,V) x 4 kv heads x 128 head size (3584 / 28) x 1 byte
+    assert p["kv_bytes_per_token"] == 28 * 2 * 4 * 128 * 1
+    assert p["weights_bytes_per_gpu"] == QWEN25_7B_AWQ_BYTES
+    assert p["kv_cache_tokens"] == p["kv_cache_bytes"] // (16 * 28_672) * 16
+    # without fp8 the same bytes hold half the tokens
+    bf = t.plan(awq, RTX_4090, max_model_len=32768)
+    assert bf["prediction"]["kv_bytes_per_token"] == 2 * 28_672
+    assert bf["prediction"]["kv_cache_tokens"] // 16 == p["kv_cache_tokens"] // 16 // 2
     with pytest.raises(t.TuneError, match="awq weights need compute capability >= 7.5"):
         t.plan(awq, P100, max_model_len=4096)
 
