@@ -74,13 +74,8 @@ notes:
   - Exactly one of O(cuda_version), O(require_cuda) or O(image) is required.
   - Tables (driver per CUDA release, minor-version floors, driver branches, architecture
     support) live in module_utils/gpufleet/cuda.py with their sources.
-attributes:
-  check_mode:
-    support: full
-    description: The module only reads; it behaves the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing changes, so there is nothing to diff.
+extends_documentation_fragment:
+  - gpufleet.read_only
 requirements:
   - docker (Python SDK) when O(image) is used
 author:

@@ -44,13 +44,9 @@ notes:
     when a GPU reports an NVLink fabric (NVSwitch systems), otherwise it is null.
   - Index is nvidia-smi's GPU index (PCI bus order), not the C(/dev/nvidiaN) minor number.
   - Tables and parsers live in module_utils/gpufleet/gpu.py with their sources.
+extends_documentation_fragment:
+  - gpufleet.read_only
 attributes:
-  check_mode:
-    support: full
-    description: The module only reads; it behaves the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing changes, so there is nothing to diff.
   facts:
     support: full
     description: Returns C(ansible_facts.gpu).

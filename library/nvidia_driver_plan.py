@@ -77,13 +77,8 @@ options:
     description: Seconds to wait for the repository.
     type: int
     default: 15
-attributes:
-  check_mode:
-    support: full
-    description: The module only reads; it behaves the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing changes, so there is nothing to diff.
+extends_documentation_fragment:
+  - gpufleet.read_only
 author:
   - gpufleet
 """

@@ -42,13 +42,8 @@ options:
     description: Seconds to wait for vLLM to parse its arguments and stop.
     type: int
     default: 300
-attributes:
-  check_mode:
-    support: full
-    description: Leaves nothing behind, so it runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing.
+extends_documentation_fragment:
+  - gpufleet.read_only
 requirements:
   - docker (Python SDK)
 """

@@ -67,13 +67,8 @@ options:
     description: How many of the container's last log lines a failure message carries.
     type: int
     default: 40
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing.
+extends_documentation_fragment:
+  - gpufleet.read_only
 requirements:
   - requests
   - docker (Python SDK) when O(container) is used

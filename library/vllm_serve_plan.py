@@ -99,13 +99,8 @@ options:
     description: Refuse host ports in use by anything but the container being replaced.
     type: bool
     default: true
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing.
+extends_documentation_fragment:
+  - gpufleet.read_only
 requirements:
   - docker (Python SDK)
 """

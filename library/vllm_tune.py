@@ -137,13 +137,8 @@ options:
     type: list
     elements: str
     default: []
-attributes:
-  check_mode:
-    support: full
-    description: Computes only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is no diff.
+extends_documentation_fragment:
+  - gpufleet.read_only
 notes:
   - The returned C(args) hold the flags only; put the model (path or name) before them
     as C(vllm serve MODEL ARGS).

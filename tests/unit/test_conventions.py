@@ -4,6 +4,8 @@ import pathlib
 
 import pytest
 import yaml
+from ansible.plugins.loader import fragment_loader
+from ansible.utils.plugin_docs import get_docstring
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROLES = sorted(p for p in (ROOT / "roles").iterdir() if (p / "tasks").is_dir())
@@ -60,7 +62,11 @@ def test_module_documents_itself(module):
     for block in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
         assert block in consts, f"{module.name}: no {block}"
         assert yaml.safe_load(consts[block]), f"{module.name}: {block} is empty"
-    doc = yaml.safe_load(consts["DOCUMENTATION"])
+    # as ansible-doc reads it: with the fragments of plugins/doc_fragments merged in
+    fragment_loader.add_directory(str(ROOT / "plugins" / "doc_fragments"))
+    doc = get_docstring(str(module), fragment_loader, is_module=True)[0]
     assert doc["module"] == module.stem
-    assert "check_mode" in doc.get("attributes", {}), f"{module.name}: no check_mode attribute"
+    attributes = doc.get("attributes", {})
+    for attribute in ("check_mode", "diff_mode"):
+        assert attribute in attributes, f"{module.name}: no {attribute} attribute"
     assert "supports_check_mode=True" in module.read_text()
