@@ -68,22 +68,38 @@ REQUIRED_FIELDS = ("architectures or model_type", "num_hidden_layers",
                    "num_attention_heads", "hidden_size (or head_dim)",
                    "max_position_embeddings")
 
-# DeepSeek-V4: what vLLM does, and what gpufleet would need to predict it.
+# DeepSeek-V4: what vLLM does, and why gpufleet refuses to predict it (docs/tuning.md).
 DEEPSEEK_V4_MISSING = (
-    "DeepSeek-V4 (model_type deepseek_v4) is not modelled: vLLM keeps, per layer kind, "
-    "a compressed main KV (c4a 1/4, c128a 1/128 per config compress_ratios), a c4a "
-    "indexer cache, the compressor state and a sliding window (config sliding_window), "
-    "packed into page-size buckets with block size 256 and fp8 entries. Read in vLLM "
-    "(vllm/model_executor/layers/deepseek_v4_attention.py): main KV entries of 584 bytes "
-    "per token (448 fp8 NoPE + 64 bf16 RoPE + 7 scale bytes + 1 pad); indexer entries of "
-    "index_head_dim + index_head_dim/128 x 4 = 132 bytes per compressed token in an "
-    "MLAAttentionSpec with compress_ratio and 576-byte page alignment. Not found: how "
-    "that spec turns compress_ratio and alignment into a page size, the size of the "
-    "compressor state cache (DeepseekCompressor) and of the sliding-window cache "
-    "(DeepseekV4SWACache) per token, and the bucket padding. Predicting tokens without "
-    "them would be a guess: run vLLM once with --kv-cache-memory-bytes and read its "
+    "vLLM keeps, per layer kind, a compressed main KV (c4a 1/4, c128a 1/128), a c4a "
+    "indexer cache, a compressor state cache and a sliding-window cache, in fp8_ds_mla "
+    "entries of 584 bytes (448 fp8 NoPE + 64 bf16 RoPE + 7 scale bytes + 1 pad) with "
+    "block size 256 (64 for the window and the 1/4 layers' rows), 576-byte page "
+    "alignment and 132-byte indexer entries (vllm/model_executor/layers/"
+    "deepseek_v4_attention.py, deepseek_compressor.py). Not modelled: how vLLM's hybrid "
+    "KV cache manager fits these specs of different page and block sizes into one block "
+    "pool and which group's tokens its 'KV cache size' line counts; no vLLM run on "
+    "DeepSeek-V4 was possible to check a prediction, and a token count without one "
+    "would be a guess. Run vLLM once with --kv-cache-memory-bytes and read its "
     "'KV cache size: N tokens' line instead."
 )
+
+
+def _deepseek_v4_refusal(text):
+    """The refusal for a DeepSeek-V4 config, with what this config itself says."""
+    ratios = text.get("compress_ratios")
+    layers = text.get("num_hidden_layers")
+    facts = []
+    if isinstance(ratios, list) and isinstance(layers, int) and layers > 0:
+        per_layer = ratios[:layers]
+        facts.append(f"{layers} layers: {sum(1 for r in per_layer if r in (0, 1))} with "
+                     f"the sliding window only, {per_layer.count(4)} compressed 1/4, "
+                     f"{per_layer.count(128)} compressed 1/128")
+    for key in ("sliding_window", "index_head_dim", "index_n_heads", "head_dim"):
+        if text.get(key) is not None:
+            facts.append(f"{key} {text[key]}")
+    found = f" This config: {'; '.join(facts)}." if facts else ""
+    return ("DeepSeek-V4 (model_type deepseek_v4) is not modelled." + found + " "
+            + DEEPSEEK_V4_MISSING)
 
 
 def _first(cfg, *keys):
@@ -262,7 +278,7 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
                          "tuner needs: " + ", ".join(REQUIRED_FIELDS))
     if model_type == "deepseek_v4" or "DeepseekV4ForCausalLM" in architectures or \
             text.get("compress_ratios") is not None:
-        raise UnsupportedModelError(DEEPSEEK_V4_MISSING)
+        raise UnsupportedModelError(_deepseek_v4_refusal(text))
 
     num_layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
     num_heads = _first(text, "num_attention_heads", "n_head")

@@ -126,14 +126,21 @@ def test_unmodelled_layer_types_are_refused():
 
 
 def test_deepseek_v4_is_refused_with_what_is_missing():
-    # Fields named by vLLM's deepseek_v4.py (compress_ratios, sliding_window).
-    cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
-           "compress_ratios": [4, 128], "sliding_window": 128}
+    # deepseek-ai/DeepSeek-V4-Flash's own config.json (SOURCES.md)
+    cfg = json.loads((MODELS / "deepseek-v4-flash" / "config.json").read_text())
     with pytest.raises(m.UnsupportedModelError) as exc:
         m.describe_config(cfg, weights_bytes=1)
     text = str(exc.value)
-    for needed in ("indexer", "compressor", "block size 256", "--kv-cache-memory-bytes"):
+    # what the config says: compress_ratios over 43 layers = 2 x 0, 21 x 4, 20 x 128
+    assert ("43 layers: 2 with the sliding window only, 21 compressed 1/4, "
+            "20 compressed 1/128") in text
+    assert "sliding_window 128" in text and "index_head_dim 128" in text
+    for needed in ("indexer", "compressor", "block size 256", "584 bytes",
+                   "hybrid KV cache manager", "--kv-cache-memory-bytes"):
         assert needed in text
+    # a config with only the marker field is refused too, without invented facts
+    with pytest.raises(m.UnsupportedModelError, match=r"not modelled\. vLLM keeps"):
+        m.describe_config({"model_type": "x", "compress_ratios": [4]}, weights_bytes=1)
 
 
 def test_awq_gptq_compressed_tensors_quantization_fields():
