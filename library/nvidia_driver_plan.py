@@ -53,31 +53,12 @@ options:
     description: Root of the sysfs tree scanned for NVSwitch chips.
     type: path
     default: /sys
-  distribution:
-    description: C(ansible_facts.distribution), for example C(Ubuntu).
-    type: str
-    required: true
-  distribution_version:
-    description: C(ansible_facts.distribution_version), for example C(24.04).
-    type: str
-    required: true
-  architecture:
-    description: C(ansible_facts.architecture), C(x86_64) or C(aarch64).
-    type: str
-    required: true
-  repo_url:
-    description: Mirror of NVIDIA's CUDA repository for this distribution; empty uses NVIDIA's.
-    type: str
-    default: ""
   installed:
     description: C(ansible_facts.packages) from M(ansible.builtin.package_facts).
     type: dict
     default: {}
-  timeout:
-    description: Seconds to wait for the repository.
-    type: int
-    default: 15
 extends_documentation_fragment:
+  - gpufleet.nvidia_repository
   - gpufleet.read_only
 author:
   - gpufleet
@@ -127,8 +108,8 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.gpufleet.hoststack import (
-    HostStackError, cuda_repo, kernel_module_flavor, nvswitch_count, plan_driver,
-    read_repository, wants_fabricmanager)
+    REPOSITORY_ARGUMENT_SPEC, HostStackError, cuda_repo, kernel_module_flavor, nvswitch_count,
+    plan_driver, read_repository, wants_fabricmanager)
 from ansible.module_utils.urls import open_url
 
 
@@ -158,12 +139,8 @@ def main():
             devices=dict(type="list", elements="dict", default=[]),
             fabricmanager=dict(type="str", default="auto", choices=["auto", "enabled", "disabled"]),
             sysfs_root=dict(type="path", default="/sys"),
-            distribution=dict(type="str", required=True),
-            distribution_version=dict(type="str", required=True),
-            architecture=dict(type="str", required=True),
-            repo_url=dict(type="str", default=""),
             installed=dict(type="dict", default={}),
-            timeout=dict(type="int", default=15),
+            **REPOSITORY_ARGUMENT_SPEC,
         ),
         supports_check_mode=True,
     )

@@ -18,22 +18,6 @@ options:
     type: str
     choices: [cuda, container_toolkit]
     required: true
-  distribution:
-    description: C(ansible_facts.distribution).
-    type: str
-    required: true
-  distribution_version:
-    description: C(ansible_facts.distribution_version).
-    type: str
-    required: true
-  architecture:
-    description: C(ansible_facts.architecture).
-    type: str
-    required: true
-  repo_url:
-    description: Mirror URL; empty uses NVIDIA's repository.
-    type: str
-    default: ""
   packages:
     description: Packages the repository must carry (apt only; dnf repositories are only probed).
     type: list
@@ -43,11 +27,8 @@ options:
     description: The variable the user sets to change the repository, named in error messages.
     type: str
     default: repo_url
-  timeout:
-    description: Seconds to wait for the repository.
-    type: int
-    default: 15
 extends_documentation_fragment:
+  - gpufleet.nvidia_repository
   - gpufleet.read_only
 author:
   - gpufleet
@@ -80,7 +61,7 @@ available:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.gpufleet.hoststack import (
-    HostStackError, container_toolkit_repo, cuda_repo, read_repository)
+    REPOSITORY_ARGUMENT_SPEC, HostStackError, container_toolkit_repo, cuda_repo, read_repository)
 from ansible.module_utils.urls import open_url
 
 
@@ -88,13 +69,9 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             component=dict(type="str", required=True, choices=["cuda", "container_toolkit"]),
-            distribution=dict(type="str", required=True),
-            distribution_version=dict(type="str", required=True),
-            architecture=dict(type="str", required=True),
-            repo_url=dict(type="str", default=""),
             packages=dict(type="list", elements="str", default=[]),
             setting=dict(type="str", default="repo_url"),
-            timeout=dict(type="int", default=15),
+            **REPOSITORY_ARGUMENT_SPEC,
         ),
         supports_check_mode=True,
     )

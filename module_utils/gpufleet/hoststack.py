@@ -62,6 +62,17 @@ class HostStackError(ValueError):
 # Repositories
 # ---------------------------------------------------------------------------------------
 
+# Module options that locate NVIDIA's repository for a host (nvidia_repo_info,
+# nvidia_driver_plan); documented once in plugins/doc_fragments/gpufleet.py.
+REPOSITORY_ARGUMENT_SPEC = {
+    "distribution": {"type": "str", "required": True},
+    "distribution_version": {"type": "str", "required": True},
+    "architecture": {"type": "str", "required": True},
+    "repo_url": {"type": "str", "default": ""},
+    "timeout": {"type": "int", "default": 15},
+}
+
+
 def _distro(distribution, distribution_version):
     version = str(distribution_version)
     key = (distribution, version if distribution == "Ubuntu" else version.split(".")[0])
