@@ -70,3 +70,36 @@ def test_module_documents_itself(module):
     for attribute in ("check_mode", "diff_mode"):
         assert attribute in attributes, f"{module.name}: no {attribute} attribute"
     assert "supports_check_mode=True" in module.read_text()
+
+
+class _SpecSeen(Exception):
+    pass
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda p: p.stem)
+def test_documented_options_are_the_argument_spec(module, monkeypatch):
+    """DOCUMENTATION (fragments merged) and AnsibleModule's argument_spec name the same
+    options with the same type, default, required and choices."""
+    import importlib
+
+    from ansible.module_utils import basic
+
+    def capture(self, argument_spec, **kwargs):
+        raise _SpecSeen(argument_spec)
+
+    monkeypatch.setattr(basic.AnsibleModule, "__init__", capture)
+    with pytest.raises(_SpecSeen) as seen:
+        importlib.import_module(module.stem).main()
+    spec = seen.value.args[0]
+    fragment_loader.add_directory(str(ROOT / "plugins" / "doc_fragments"))
+    options = get_docstring(str(module), fragment_loader, is_module=True)[0]["options"]
+    assert set(options) == set(spec), f"{module.name}: documented vs argument_spec differ"
+    for name, doc in options.items():
+        code = spec[name]
+        for key, default in (("type", "str"), ("default", None), ("required", False),
+                             ("choices", None), ("elements", None), ("no_log", False)):
+            if key == "no_log" and key not in doc:
+                continue  # no_log is code-only; the docs need not say it
+            assert doc.get(key, default) == code.get(key, default), \
+                f"{module.name}: option {name} {key}: documented {doc.get(key)!r}, " \
+                f"code {code.get(key)!r}"
