@@ -24,6 +24,17 @@ export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
 
 stage() { log "== $*"; }
 
+# The loopback services the stages start (the apt stand-in from Molecule's prepare, the
+# lab's HF mirrors from the slow tests) stop with the run, so a later run from another
+# checkout finds their fixed ports free; left alone while lab hosts are up and use them.
+stop_services() {
+  if [[ -z "$(docker ps -q --filter name=gpufleet-lab- 2>/dev/null)" ]]; then
+    bash lab/apt/serve.sh stop || true
+    python3 tests/hfstub/lab_mirrors.py down || true
+  fi
+}
+((fast)) || trap stop_services EXIT
+
 stage "yamllint"
 yamllint --strict .
 stage "ansible-lint (production profile)"
