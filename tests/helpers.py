@@ -62,3 +62,39 @@ def run_playbook(inventory, playbook, host, extra_vars, check=False, timeout=900
                 for name, res in results if res.get("failed")]
     changed = [name for name, res in results if res.get("changed")]
     return proc.returncode, report["stats"][host]["changed"], failures, changed
+
+
+def sh(*args, check=True):
+    """Run a command; return the CompletedProcess (text output captured)."""
+    import subprocess
+
+    return subprocess.run(args, capture_output=True, text=True, check=check)
+
+
+def debian_systemd_host(tmp_path_factory, prefix, playbook, extra_run_args=()):
+    """Yield {"name", "work"}: a Debian 12 container running systemd (the offline base
+    image) reached with the docker connection, and a work folder holding its inventory and
+    `playbook`; the container is removed afterwards. Skips when the Docker engine is down;
+    starts the lab's apt stand-in (127.0.0.1:8081) the host-stack roles install from."""
+    import uuid
+
+    from conftest import ROOT
+
+    if sh("docker", "info", check=False).returncode != 0:
+        pytest.skip("docker engine not running (scripts/setup.sh starts it)")
+    sh("bash", str(ROOT / "lab/apt/serve.sh"))
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    sh("docker", "run", "-d", "--name", name, "--network", "host", "--cap-add", "SYS_ADMIN",
+       *extra_run_args, "--security-opt", "seccomp=unconfined",
+       "--security-opt", "apparmor=unconfined", "--cgroupns", "host", "--tmpfs", "/run",
+       "--tmpfs", "/run/lock", "--tmpfs", "/tmp:exec", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+       "--stop-signal", "SIGRTMIN+3", "gpufleet/debian:12", "/lib/systemd/systemd")
+    try:
+        work = tmp_path_factory.mktemp(prefix)
+        (work / "inventory.ini").write_text(
+            f"{name} ansible_connection=community.docker.docker "
+            "ansible_python_interpreter=/usr/bin/python3\n")
+        (work / "site.yml").write_text(playbook)
+        yield {"name": name, "work": work}
+    finally:
+        sh("docker", "rm", "-f", name, check=False)

@@ -10,13 +10,10 @@ machine's network ("bridge": "none", iptables off) because the container shares 
 """
 import json
 import shutil
-import subprocess
-import uuid
 
 import pytest
 
-from conftest import ROOT
-from helpers import run_playbook
+from helpers import debian_systemd_host, run_playbook, sh
 
 pytestmark = [
     pytest.mark.slow,
@@ -47,32 +44,15 @@ PLAYBOOK = """
 """
 
 
-def sh(*args, check=True):
-    return subprocess.run(args, capture_output=True, text=True, check=check)
-
-
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    if sh("docker", "info", check=False).returncode != 0:
-        pytest.skip("docker engine not running (scripts/setup.sh starts it)")
-    sh("bash", str(ROOT / "lab/apt/serve.sh"))
-    name = f"hoststack-ctk-{uuid.uuid4().hex[:8]}"
-    sh("docker", "run", "-d", "--name", name, "--network", "host", "--cap-add", "SYS_ADMIN",
-       "--cap-add", "NET_ADMIN", "--security-opt", "seccomp=unconfined",
-       "--security-opt", "apparmor=unconfined", "--cgroupns", "host", "--tmpfs", "/run",
-       "--tmpfs", "/run/lock", "--tmpfs", "/tmp:exec", "--tmpfs", "/var/lib/docker:exec",
-       "--tmpfs", "/var/lib/containerd:exec", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-       "--stop-signal", "SIGRTMIN+3", "gpufleet/debian:12", "/lib/systemd/systemd")
-    try:
-        sh("docker", "exec", name, "mkdir", "-p", "/etc/docker")
-        work = tmp_path_factory.mktemp("ctk")
-        (work / "inventory.ini").write_text(
-            f"{name} ansible_connection=community.docker.docker "
-            "ansible_python_interpreter=/usr/bin/python3\n")
-        (work / "site.yml").write_text(PLAYBOOK)
-        yield {"name": name, "work": work}
-    finally:
-        sh("docker", "rm", "-f", name, check=False)
+    # NET_ADMIN and tmpfs for the Docker Engine the role installs inside
+    for found in debian_systemd_host(
+            tmp_path_factory, "hoststack-ctk", PLAYBOOK,
+            ("--cap-add", "NET_ADMIN", "--tmpfs", "/var/lib/docker:exec",
+             "--tmpfs", "/var/lib/containerd:exec")):
+        sh("docker", "exec", found["name"], "mkdir", "-p", "/etc/docker")
+        yield found
 
 
 def play(host, check=False, **extra):

@@ -13,13 +13,11 @@ the installed driver's version. Shows:
   has a newer 580 release; changing nvidia_driver_version upgrades it.
 """
 import shutil
-import subprocess
-import uuid
 
 import pytest
 
-from conftest import FIXTURES, ROOT
-from helpers import run_playbook
+from conftest import FIXTURES
+from helpers import debian_systemd_host, run_playbook, sh
 
 pytestmark = [
     pytest.mark.slow,
@@ -45,22 +43,10 @@ PLAYBOOK = """
 MOKUTIL_SB_ON = "#!/bin/sh\n# test stand-in for mokutil\necho 'SecureBoot enabled'\n"
 
 
-def sh(*args, check=True):
-    return subprocess.run(args, capture_output=True, text=True, check=check)
-
-
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    if sh("docker", "info", check=False).returncode != 0:
-        pytest.skip("docker engine not running (scripts/setup.sh starts it)")
-    sh("bash", str(ROOT / "lab/apt/serve.sh"))
-    name = f"hoststack-driver-{uuid.uuid4().hex[:8]}"
-    sh("docker", "run", "-d", "--name", name, "--network", "host", "--cap-add", "SYS_ADMIN",
-       "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-       "--cgroupns", "host", "--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp:exec",
-       "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--stop-signal", "SIGRTMIN+3",
-       "gpufleet/debian:12", "/lib/systemd/systemd")
-    try:
+    for found in debian_systemd_host(tmp_path_factory, "hoststack-driver", PLAYBOOK):
+        name = found["name"]
         sh("docker", "exec", name, "mkdir", "-p", "/etc/gpufleet-lab")
         # Real captures (tests/fixtures/nvidia-smi/SOURCES.md): RTX 4090 (Ada, 8.9) is the
         # host's GPU; Tesla P100 (Pascal, 6.0) is used for the dropped-GPU case.
@@ -68,14 +54,7 @@ def host(tmp_path_factory):
            f"{name}:/etc/gpufleet-lab/nvidia-smi.xml")
         sh("docker", "cp", str(FIXTURES / "nvidia-smi/netdata-tesla-p100.xml"),
            f"{name}:/etc/gpufleet-lab/p100.xml")
-        work = tmp_path_factory.mktemp("driver")
-        (work / "inventory.ini").write_text(
-            f"{name} ansible_connection=community.docker.docker "
-            "ansible_python_interpreter=/usr/bin/python3\n")
-        (work / "site.yml").write_text(PLAYBOOK)
-        yield {"name": name, "work": work}
-    finally:
-        sh("docker", "rm", "-f", name, check=False)
+        yield found
 
 
 def play(host, check=False, **extra):
