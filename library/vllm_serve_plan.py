@@ -91,10 +91,26 @@ options:
     default: /models
   metrics_address:
     description:
-      - Address Prometheus scrapes for this host's C(/metrics); empty uses the address
-        the ready check uses (O(bind_address), or 127.0.0.1 when bound to every interface).
+      - Address the gateway and Prometheus reach this host's instances at, as given.
+        Empty uses O(bind_address), or O(host_address) when vLLM listens on every
+        interface (C(0.0.0.0), C(::)).
     type: str
     default: ""
+  host_name:
+    description: The host's inventory name, recorded as the C(host) label of each instance's entry.
+    type: str
+    default: ""
+  host_address:
+    description: The inventory's address of the host (C(ansible_host)); see O(metrics_address).
+    type: str
+    default: ""
+  shutdown_timeout:
+    description:
+      - vLLM's C(--shutdown-timeout) in seconds (in-flight requests finish, new ones get
+        503), 0 leaves vLLM's default (abort them). Each instance's C(stop_timeout) is
+        set 15 s above it.
+    type: int
+    default: 0
   check_ports:
     description: Refuse host ports in use by anything but the container being replaced.
     type: bool
@@ -120,11 +136,13 @@ EXAMPLES = r"""
 RETURN = r"""
 instances:
   description:
-    - One entry per container, with C(name), C(model), C(port), C(url), C(device_ids),
+    - One entry per container, with C(name), C(model), C(port), C(url) (for a client on
+      the host itself), C(stop_timeout), C(device_ids),
       C(network_mode), C(published_ports), C(command), C(env), C(mounts), C(ipc_mode), C(shm_size), C(device_requests),
       C(labels), C(settings_hash), C(args_hash), C(revision), C(served_model_name), C(runner), and
-      C(action) (C(keep), C(create) or C(replace)), and C(file_sd) (its Prometheus
-      file_sd entry, C(targets) and C(labels)).
+      C(action) (C(keep), C(create) or C(replace)), and C(file_sd) (its entry in the
+      fleet's list of serving instances, a Prometheus file_sd entry with C(targets) and
+      C(labels) C(host), C(container), C(model), C(served_model_name), C(runner), C(port)).
   returned: success
   type: list
   elements: dict
@@ -137,8 +155,8 @@ remove:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.gpufleet.serve import (
-    LABEL_PREFIX, PlanError, check_unique_ports, decide_action,
-    model_revision, plan_instances, port_is_free)
+    LABEL_PREFIX, PlanError, check_unique_ports, decide_action, local_url,
+    model_revision, plan_instances, port_is_free, reachable_address, registry_entry)
 
 try:
     import docker
@@ -190,18 +208,17 @@ def run(params, client):
             allow_replicas=params["allow_replicas"], base_env=params["env"],
             shm_size=params["shm_size"], revision=model_revision(model["path"]),
             model_mount_root=params["model_mount_root"],
-            network_mode=params["network_mode"], bind_address=params["bind_address"])
+            network_mode=params["network_mode"], bind_address=params["bind_address"],
+            shutdown_timeout=params["shutdown_timeout"])
     check_unique_ports(instances)
     existing = _managed(client)
-    host = "127.0.0.1" if params["bind_address"] in ("0.0.0.0", "") else params["bind_address"]
+    address = reachable_address(params["bind_address"], params["metrics_address"],
+                                params["host_address"])
     for inst in instances:
         current = existing.get(inst["name"])
         inst["action"] = decide_action(inst, current)
-        inst["url"] = f"http://{host}:{inst['port']}"
-        inst["file_sd"] = {
-            "targets": [f"{params['metrics_address'] or host}:{inst['port']}"],
-            "labels": {"container": inst["name"], "model": inst["model"],
-                       "served_model_name": inst["served_model_name"]}}
+        inst["url"] = local_url(params["bind_address"], inst["port"])
+        inst["file_sd"] = registry_entry(inst, params["host_name"], address)
         ours = bool(current and current["running"] and current["port"] == inst["port"])
         if params["check_ports"] and inst["action"] != "keep" and not ours \
                 and not port_is_free(params["bind_address"], inst["port"]):
@@ -236,6 +253,9 @@ def main():
             "shm_size": {"type": "str", "default": "8g"},
             "model_mount_root": {"type": "str", "default": "/models"},
             "metrics_address": {"type": "str", "default": ""},
+            "host_name": {"type": "str", "default": ""},
+            "host_address": {"type": "str", "default": ""},
+            "shutdown_timeout": {"type": "int", "default": 0},
             "check_ports": {"type": "bool", "default": True},
         },
         supports_check_mode=True,

@@ -11,6 +11,7 @@ Log diagnoses quote vLLM's own messages; sources are vllm-project/vllm files of 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -21,8 +22,9 @@ __all__ = [
     "ARGS_CHECK_MODEL", "CONTAINER_PORT", "DIAGNOSES", "LABEL_PREFIX", "NotReady",
     "PlanError", "args_check_command", "args_check_verdict", "check_unique_ports",
     "decide_action", "device_request", "diagnose", "failure_message", "instance_labels",
-    "model_revision", "plan_instances", "port_is_free", "previous_name", "readiness_request",
-    "settings_hash", "slug", "wait_ready",
+    "local_url", "merge_registry", "model_revision", "plan_instances", "port_is_free",
+    "previous_name", "reachable_address", "readiness_request", "registry_entry",
+    "settings_hash", "slug", "stop_timeout", "target", "wait_ready",
 ]
 
 # The port vLLM listens on inside its container (vLLM's default; the official image's
@@ -165,6 +167,93 @@ def failure_message(what, detail, log_text, tail_lines=40):
     return "\n".join(parts)
 
 
+
+# ----------------------------------------------------------------- addresses
+# One rule for every address an instance is reached at: the readiness gate on the host
+# itself (local_url), and the gateway, Prometheus and the summary from elsewhere
+# (reachable_address + target). IPv6 literals are bracketed in URLs and targets.
+_WILDCARDS = {"", "0.0.0.0", "::", "*"}
+
+
+def _ip(address):
+    try:
+        return ipaddress.ip_address(str(address).strip("[]"))
+    except ValueError:
+        return None
+
+
+def local_address(bind_address):
+    """The address a client on the same host uses: the loopback of the bind's family
+    when vLLM listens on every interface, else the bind address itself."""
+    if str(bind_address) in _WILDCARDS:
+        return "::1" if str(bind_address) == "::" else "127.0.0.1"
+    return str(bind_address)
+
+
+def reachable_address(bind_address, advertised="", host_address=""):
+    """The address other hosts (the gateway, Prometheus) reach an instance at.
+
+    advertised: set by the operator (vllm_server_metrics_address) and used as given.
+    host_address: the inventory's address of the host (ansible_host), used when vLLM
+      listens on every interface. A loopback bind is reachable only on the same machine,
+      so it is returned as it is (the lab, or a gateway on the host itself).
+    """
+    if advertised:
+        return str(advertised)
+    if str(bind_address) in _WILDCARDS:
+        return str(host_address) if host_address else local_address(bind_address)
+    return str(bind_address)
+
+
+def target(address, port):
+    """`address:port` as Prometheus and HAProxy write it (IPv6 in brackets)."""
+    ip = _ip(address)
+    host = f"[{ip}]" if ip is not None and ip.version == 6 else str(address)
+    return f"{host}:{int(port)}"
+
+
+def local_url(bind_address, port):
+    """Base URL of an instance for a client on the same host."""
+    return f"http://{target(local_address(bind_address), port)}"
+
+
+def registry_entry(instance, host, address):
+    """The instance's entry in the fleet's list of serving instances.
+
+    The list (vllm_server_file_sd_path) is a Prometheus file_sd file: Prometheus scrapes
+    its targets, the gateway (vllm_gateway) builds its backends from it, the summary and
+    the upgrade playbook read it. One entry per instance; label values are strings.
+    """
+    return {"targets": [target(address, instance["port"])],
+            "labels": {"host": str(host), "container": instance["name"],
+                       "model": str(instance["model"]),
+                       "served_model_name": str(instance["served_model_name"]),
+                       "runner": instance["runner"], "port": str(instance["port"])}}
+
+
+def merge_registry(existing, updates):
+    """The fleet list after some hosts re-planned: updates = {host: [entries] or None}.
+
+    A host in `updates` gets exactly its new entries (none: it serves nothing now);
+    None leaves that host's entries as they were (it did not get as far as planning,
+    so it still runs what it ran); hosts not named keep theirs (a --limit run).
+    Sorted by host, then port, so the file only changes when the fleet does.
+    """
+    replaced = {h for h, entries in updates.items() if entries is not None}
+    kept = [e for e in (existing or []) if (e.get("labels") or {}).get("host") not in replaced]
+    for host in replaced:
+        kept += list(updates[host])
+    return sorted(kept, key=lambda e: (e["labels"]["host"], int(e["labels"]["port"]),
+                                       e["labels"]["container"]))
+
+
+def stop_timeout(shutdown_timeout, margin=15):
+    """Seconds Docker waits after SIGTERM before SIGKILL: above vLLM's own
+    --shutdown-timeout (in-flight requests finish) plus a margin for its teardown
+    (Docker's default of 10 s would kill a draining server)."""
+    return int(shutdown_timeout) + int(margin)
+
+
 # ----------------------------------------------------------------- planning
 def slug(name):
     """A container-name-safe form of a model name: `Org/Model.v2` -> `org-model-v2`."""
@@ -249,12 +338,15 @@ def _device_groups(gpu_indexes, tp, replicas_allowed, runtime):
 def plan_instances(model, tune, *, image, image_id, container_prefix, default_port,
                    gpu_indexes, gpu_runtime, allow_replicas, base_env=None,
                    shm_size="8g", revision="unknown", model_mount_root="/models",
-                   network_mode="host", bind_address="127.0.0.1"):
+                   network_mode="host", bind_address="127.0.0.1", shutdown_timeout=0):
     """The containers that serve one model on this host.
 
     model: the inventory entry (`name`, `path`, optional `port`, `served_model_name`,
       `gpus` (GPU indexes this model may use), `replicas` (bool), `env`).
     tune: the vllm_tune result (`args`, `settings`).
+    shutdown_timeout: vLLM's --shutdown-timeout (seconds in-flight requests may finish
+      after SIGTERM; 0 = vLLM's default, abort them); the container's stop timeout is
+      set above it (stop_timeout).
     network_mode: `host` (vLLM listens on bind_address:port itself) or `bridge` (vLLM
       listens on 8000 in the container; the port is published on bind_address:port).
     Returns a list of instance dicts: name, port, device_ids, command, env (without the
@@ -289,6 +381,8 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
                   else ["0.0.0.0", str(CONTAINER_PORT)])
         command = [mount] + args + ["--served-model-name", served,
                                     "--host", listen[0], "--port", listen[1]]
+        if shutdown_timeout:
+            command += ["--shutdown-timeout", str(int(shutdown_timeout))]
         published = ([] if network_mode == "host"
                      else [f"{bind_address}:{port + number}:{CONTAINER_PORT}"])
         spec = {
@@ -306,6 +400,7 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             "mounts": [{"source": model["path"], "target": mount, "type": "bind",
                         "read_only": True}],
             "ipc_mode": ipc_mode, "shm_size": spec["shm_size"],
+            "stop_timeout": stop_timeout(shutdown_timeout),
             "device_requests": device_request(gpu_runtime, devices),
             "served_model_name": served,
             "runner": "pooling" if settings.get("runner") == "pooling" else "generate",

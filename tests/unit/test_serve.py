@@ -473,7 +473,8 @@ def _plan_params(tmp_path, **kw):
               "port": 0, "bind_address": "127.0.0.1", "network_mode": "host",
               "gpu_runtime": "none",
               "gpu_indexes": [], "allow_replicas": False, "env": {}, "shm_size": "1g",
-              "model_mount_root": "/models", "check_ports": True, "metrics_address": ""}
+              "model_mount_root": "/models", "check_ports": True, "metrics_address": "",
+              "host_name": "gpu1", "host_address": "", "shutdown_timeout": 0}
     params.update(kw)
     return params
 
@@ -494,7 +495,8 @@ def test_vllm_serve_plan_keep_replace_remove_and_busy_port(tmp_path):
         inst = first["instances"][0]
         assert inst["action"] == "create" and inst["url"] == f"http://127.0.0.1:{port}"
         assert inst["file_sd"] == {"targets": [f"127.0.0.1:{port}"], "labels": {
-            "container": "vllmsrv-m", "model": "m", "served_model_name": "m"}}
+            "host": "gpu1", "container": "vllmsrv-m", "model": "m", "served_model_name": "m",
+            "runner": "generate", "port": str(port)}}
         # our own running container holds the port: the same plan keeps it
         ours = FakeContainer("vllmsrv-m", inst["labels"])
         stale = FakeContainer("vllmsrv-old", {}, status="exited")
@@ -644,3 +646,65 @@ def test_vllm_args_check_accepts_real_run_stopping_at_the_model(monkeypatch):
         "image": "gpufleet/vllm-cpu:lab", "name": "c", "command": ["/models/m"]},
         monkeypatch, check_mode=True)
     assert not failed and result["accepted"] and not result["changed"]
+
+
+# ----------------------------------------------------------------- addresses (one rule)
+@pytest.mark.parametrize("bind, local", [
+    ("127.0.0.1", "http://127.0.0.1:8000"),
+    ("0.0.0.0", "http://127.0.0.1:8000"),
+    ("", "http://127.0.0.1:8000"),
+    ("::", "http://[::1]:8000"),          # was http://:::8000: the gate could never pass
+    ("::1", "http://[::1]:8000"),
+    ("fd00::5", "http://[fd00::5]:8000"),
+    ("10.0.0.7", "http://10.0.0.7:8000"),
+    ("gpu1.example", "http://gpu1.example:8000"),
+])
+def test_local_url_for_every_kind_of_bind_address(bind, local):
+    assert serve.local_url(bind, 8000) == local
+
+
+@pytest.mark.parametrize("bind, advertised, host_address, target", [
+    ("0.0.0.0", "", "gpu1.example", "gpu1.example:8000"),
+    ("::", "", "fd00::9", "[fd00::9]:8000"),
+    ("::", "", "", "[::1]:8000"),
+    ("127.0.0.1", "", "gpu1.example", "127.0.0.1:8000"),  # loopback: same machine only
+    ("10.0.0.7", "", "gpu1.example", "10.0.0.7:8000"),
+    ("0.0.0.0", "192.0.2.10", "gpu1.example", "192.0.2.10:8000"),
+])
+def test_reachable_target(bind, advertised, host_address, target):
+    assert serve.target(serve.reachable_address(bind, advertised, host_address), 8000) == target
+
+
+def _entry(host, port, model="m"):
+    return {"targets": [f"127.0.0.1:{port}"], "labels": {
+        "host": host, "container": f"c-{host}-{port}", "model": model,
+        "served_model_name": model, "runner": "generate", "port": str(port)}}
+
+
+def test_merge_registry_replaces_planned_hosts_and_keeps_the_rest():
+    existing = [_entry("a", 1), _entry("b", 2), _entry("c", 3)]
+    merged = serve.merge_registry(existing, {
+        "a": [_entry("a", 5)],   # re-planned: exactly its new entries
+        "b": [],                 # planned, serves nothing now: gone
+        "c": None,               # failed before planning: keeps what it ran
+        "d": [_entry("d", 4)],   # new host
+    })
+    assert [(e["labels"]["host"], e["labels"]["port"]) for e in merged] == [
+        ("a", "5"), ("c", "3"), ("d", "4")]
+    # order-independent input, same file
+    assert serve.merge_registry(list(reversed(existing)), {"c": None}) == \
+        serve.merge_registry(existing, {})
+
+
+def test_shutdown_timeout_in_the_command_and_a_longer_stop_timeout(tmp_path):
+    model = {"name": "m", "path": str(tmp_path)}
+    inst, = serve.plan_instances(model, TUNE_TP1, image="i", image_id="sha256:a",
+                                 container_prefix="v-", default_port=8000, gpu_indexes=[],
+                                 gpu_runtime="none", allow_replicas=False,
+                                 shutdown_timeout=30)
+    assert inst["command"][-2:] == ["--shutdown-timeout", "30"]
+    assert inst["stop_timeout"] == 45 > 30
+    plain, = serve.plan_instances(model, TUNE_TP1, image="i", image_id="sha256:a",
+                                  container_prefix="v-", default_port=8000, gpu_indexes=[],
+                                  gpu_runtime="none", allow_replicas=False)
+    assert "--shutdown-timeout" not in plain["command"]

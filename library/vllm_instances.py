@@ -1,0 +1,122 @@
+#!/usr/bin/python
+"""Ansible module vllm_instances: the fleet's one list of serving vLLM instances."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_instances
+short_description: Keep the fleet's list of serving vLLM instances (a Prometheus file_sd file)
+description:
+  - The one list of serving instances that Prometheus scrapes (file_sd), the gateway
+    (vllm_gateway) builds its backends from, and the summary and playbooks/upgrade.yml
+    read. One entry per instance, C(targets) (the address others reach it at) and
+    C(labels) C(host), C(container), C(model), C(served_model_name), C(runner), C(port).
+  - Merges the plans of the hosts of this run into the file at O(path) (on the node it
+    runs on, the control node), so a C(--limit) run keeps the other hosts' entries. A
+    host whose plan is null (it failed before planning) keeps its entries; a host
+    planned with no instance loses them.
+  - Writes atomically (mode 0644) and only when the list changed.
+version_added: "0.2.0"
+author: gpufleet
+options:
+  path:
+    description: The file (JSON list).
+    type: path
+    required: true
+  plans:
+    description:
+      - A dict of host to plan for the hosts of this run, each plan the C(vllm_serve_plan)
+        result (its C(instances), each with C(file_sd)), or null.
+    type: dict
+    required: true
+attributes:
+  check_mode:
+    support: full
+    description: Reports whether the list would change and writes nothing.
+  diff_mode:
+    support: full
+    description: Shows the list before and after.
+"""
+
+EXAMPLES = r"""
+- name: Write the fleet's serving instances
+  vllm_instances:
+    path: /srv/gpufleet/vllm-instances.json
+    plans: "{{ dict(ansible_play_hosts_all | zip(ansible_play_hosts_all | map('extract', hostvars)
+               | map(attribute='__vllm_server_plan', default=None))) }}"
+  delegate_to: localhost
+  run_once: true
+"""
+
+RETURN = r"""
+instances:
+  description: The whole list after the merge.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import json
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet.serve import merge_registry
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable JSON list ({exc}); fix or remove it") from exc
+    if not isinstance(data, list):
+        raise ValueError(f"{path} holds {type(data).__name__}, not a list of instances")
+    return data
+
+
+def run(params, check_mode):
+    before = _read(params["path"])
+    updates = {}
+    for host, plan in params["plans"].items():
+        if plan is None or not isinstance(plan, dict) or "instances" not in plan:
+            updates[host] = None
+        else:
+            updates[host] = [inst["file_sd"] for inst in plan["instances"]]
+    after = merge_registry(before, updates)
+    changed = after != before
+    if changed and not check_mode:
+        folder = os.path.dirname(os.path.abspath(params["path"]))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".instances-")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(after, handle, indent=2)
+            handle.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, params["path"])
+    return {"changed": changed, "instances": after,
+            "diff": {"before": json.dumps(before, indent=2) + "\n",
+                     "after": json.dumps(after, indent=2) + "\n"}}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "plans": {"type": "dict", "required": True},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        result = run(module.params, module.check_mode)
+    except (ValueError, KeyError, TypeError) as exc:
+        module.fail_json(msg=f"cannot update the instance list: {exc}", changed=False)
+    if not module._diff:
+        result.pop("diff", None)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""Rolling fleet upgrades: batches, gates, the last-good record and its rollback.
+
+Plain data in, plain data out; no Ansible imports. Used by playbooks/upgrade.yml
+(through the filters in plugins/filter/gpufleet_upgrade.py), by the modules
+`vllm_probe` (idle wait and latency probe against one instance) and `vllm_record`
+(the last-good record on the host), and unit-tested in tests/unit/test_upgrade.py.
+
+The order of one host's upgrade (docs/upgrades.md):
+compatibility gate -> plan (what changes) -> capacity check -> drain at the gateway ->
+wait until vLLM is idle -> probe (before) -> apply (the existing roles) -> readiness
+gate -> probe (after) and its verdict -> re-enable at the gateway -> soak window ->
+record the new state as the last good one. Any failure after the drain rolls the host
+back to its last-good record, re-enables it and stops the rollout.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+
+__all__ = [
+    "RECORD_INPUTS", "UpgradeError", "build_record", "capacity_verdict", "driver_change",
+    "idle_counts", "parse_metrics", "percentile", "plan_batches", "probe_summary",
+    "probe_verdict", "rollback_vars", "run_probe", "soak_verdict", "wait_idle",
+]
+
+
+class UpgradeError(ValueError):
+    """Bad upgrade input; the message says what to change."""
+
+
+# ----------------------------------------------------------------- batches
+def plan_batches(host_models, canary=1, max_fraction=0.5, batch_size=0):
+    """Hosts in the order they are upgraded, cut into batches.
+
+    host_models: {host: [served model names it serves]}, in inventory order (hosts that
+      serve nothing yet have []).
+    canary: size of the first batch (at least 1): the canary.
+    max_fraction: of each model's instances, at most this fraction (rounded down, but at
+      least one) is out of service in one batch; a model served by one host only is
+      still upgraded (that host alone in its batch), which the capacity gate then
+      refuses unless downtime is allowed.
+    batch_size: most hosts in one later batch (0: no limit besides max_fraction).
+    Returns {"batches": [[host, ...], ...], "sizes": [len, ...]} (sizes feed `serial`).
+    """
+    if isinstance(canary, bool) or not isinstance(canary, int) or canary < 1:
+        raise UpgradeError(f"upgrade_canary_hosts must be a whole number >= 1, got {canary!r}")
+    try:
+        fraction = float(max_fraction)
+    except (TypeError, ValueError):
+        fraction = math.nan
+    if not 0 < fraction <= 1:
+        raise UpgradeError("upgrade_max_unavailable_fraction must be above 0 and at most 1, "
+                           f"got {max_fraction!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+        raise UpgradeError(f"upgrade_batch_size must be a whole number >= 0, got {batch_size!r}")
+    counts = {}
+    for models in host_models.values():
+        for model in set(models):
+            counts[model] = counts.get(model, 0) + 1
+    allowed = {m: max(1, math.floor(n * fraction)) for m, n in counts.items()}
+    pending = list(host_models)
+    batches = []
+    while pending:
+        limit = canary if not batches else (batch_size or len(pending))
+        batch, used = [], {}
+        for host in list(pending):
+            if len(batch) >= limit:
+                break
+            models = set(host_models[host])
+            if any(used.get(m, 0) + 1 > allowed[m] for m in models):
+                continue
+            batch.append(host)
+            pending.remove(host)
+            for m in models:
+                used[m] = used.get(m, 0) + 1
+        batches.append(batch)
+    return {"batches": batches, "sizes": [len(b) for b in batches]}
+
+
+# ----------------------------------------------------------------- what changes
+def driver_change(installed_version, branch, version=""):
+    """True when the driver installed (gpu facts) is not the branch / version asked for."""
+    installed = str(installed_version or "")
+    if not installed:
+        return True
+    if str(version or ""):
+        return installed != str(version)
+    return installed.split(".")[0] != str(branch)
+
+
+# ----------------------------------------------------------------- capacity gate
+def capacity_verdict(servers, host, allow_downtime=False, knee_rps=None, load_rps=None):
+    """May `host` leave service? servers: the gateway's servers, each
+    {backend, server, host, status}. Every backend (model) `host` is in must keep at
+    least one other server UP, unless allow_downtime. When benchmark figures are given
+    (knee_rps: {backend: requests/s the other instances sustain at their knee},
+    load_rps: {backend: requests/s measured at the gateway}), the rest must also carry
+    the load. Returns {"ok", "reasons", "backends": {backend: {"others_up", ...}}}.
+    """
+    mine = {s["backend"] for s in servers if s.get("host") == host}
+    reasons, backends, ok = [], {}, True
+    for backend in sorted(mine):
+        others = [s for s in servers if s["backend"] == backend and s.get("host") != host]
+        up = [s["server"] for s in others if str(s.get("status", "")).upper().startswith("UP")]
+        info = {"others_up": len(up), "others": len(others)}
+        if not up:
+            if allow_downtime:
+                reasons.append(f"{backend}: no other server is UP; downtime allowed "
+                               "(upgrade_allow_downtime)")
+            else:
+                ok = False
+                reasons.append(
+                    f"{backend}: {host} is its last server in service ({len(others)} others, "
+                    "none UP), so draining it would stop the model. Bring another instance "
+                    "up first, or set upgrade_allow_downtime: true to accept the outage.")
+        knee = (knee_rps or {}).get(backend)
+        load = (load_rps or {}).get(backend)
+        if knee is not None and load is not None:
+            info.update(knee_rps=knee, load_rps=load)
+            if float(knee) < float(load):
+                ok = ok and allow_downtime
+                reasons.append(f"{backend}: the other instances' knee capacity {knee} req/s "
+                               f"is below the load at the gateway {load} req/s")
+        elif up:
+            reasons.append(f"{backend}: {len(up)} other server(s) UP ({', '.join(up)}); no "
+                           "benchmark figures, so only availability was checked")
+        backends[backend] = info
+    if not mine:
+        reasons.append(f"{host} has no server at the gateway: nothing to keep in service")
+    return {"ok": ok, "reasons": reasons, "backends": backends}
+
+
+# ----------------------------------------------------------------- vLLM metrics
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text):
+    """{metric name: sum of its samples} from a Prometheus text exposition."""
+    out = {}
+    for line in (text or "").splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        out[match.group(1)] = out.get(match.group(1), 0.0) + value
+    return out
+
+
+def idle_counts(metrics):
+    """(running, waiting) requests from vLLM's gauges (None when the server has none)."""
+    if "vllm:num_requests_running" not in metrics:
+        return None
+    return (int(metrics.get("vllm:num_requests_running", 0)),
+            int(metrics.get("vllm:num_requests_waiting", 0)))
+
+
+def wait_idle(session, base_url, timeout=120, interval=1, clock=time.monotonic,
+              sleep=time.sleep):
+    """Poll /metrics until vLLM has no request running or waiting.
+
+    Returns {"elapsed", "polls", "running", "waiting"}; raises UpgradeError after
+    `timeout` seconds with the last counts.
+    """
+    start, polls, last = clock(), 0, "no answer yet"
+    while True:
+        polls += 1
+        try:
+            resp = session.get(f"{base_url}/metrics", timeout=10)
+            counts = idle_counts(parse_metrics(resp.text)) if resp.status_code == 200 else None
+            if counts is None:
+                last = f"/metrics answered {resp.status_code} without vllm:num_requests_running"
+            elif counts == (0, 0):
+                return {"elapsed": round(clock() - start, 1), "polls": polls, "running": 0,
+                        "waiting": 0}
+            else:
+                last = f"{counts[0]} running, {counts[1]} waiting"
+        except Exception as exc:  # noqa: BLE001 - any transport error: retry until timeout
+            last = f"{type(exc).__name__}: {exc}"
+        if clock() - start + interval > timeout:
+            raise UpgradeError(f"{base_url} did not become idle within {timeout}s (last: {last})")
+        sleep(interval)
+
+
+# ----------------------------------------------------------------- probe gate
+def percentile(values, pct):
+    """Nearest-rank percentile of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def probe_summary(latencies_ms, errors):
+    """Figures of one probe: count, errors, error_rate, p50/p95/max latency (ms)."""
+    count = len(latencies_ms) + len(errors)
+    out = {"count": count, "errors": len(errors), "error_rate":
+           round(len(errors) / count, 4) if count else 1.0, "error_samples": errors[:3]}
+    if latencies_ms:
+        out.update(p50_ms=round(percentile(latencies_ms, 50), 1),
+                   p95_ms=round(percentile(latencies_ms, 95), 1),
+                   max_ms=round(max(latencies_ms), 1))
+    return out
+
+
+def run_probe(session, base_url, api_key, served_name, runner="generate", count=5,
+              max_tokens=16, timeout=120, clock=time.monotonic):
+    """Send `count` real requests one after another; return probe_summary's figures.
+
+    The same request every time (temperature 0, fixed prompt and length), so the probe
+    before and after a change measure the same work.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if runner == "pooling":
+        path, body = "/v1/embeddings", {"model": served_name, "input": "gpufleet probe"}
+    else:
+        path, body = "/v1/completions", {"model": served_name, "prompt": "gpufleet probe:",
+                                         "max_tokens": int(max_tokens), "temperature": 0}
+    latencies, errors = [], []
+    for _ in range(int(count)):
+        start = clock()
+        try:
+            resp = session.post(f"{base_url}{path}", json=body, headers=headers,
+                                timeout=timeout)
+            ok = resp.status_code == 200 and bool(
+                (resp.json().get("data") if runner == "pooling" else resp.json().get("choices")))
+            if ok:
+                latencies.append((clock() - start) * 1000.0)
+            else:
+                errors.append(f"{path} answered {resp.status_code}: {resp.text[:200]}")
+        except Exception as exc:  # noqa: BLE001 - a failed request is a probe error
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+    return probe_summary(latencies, errors)
+
+
+def probe_verdict(before, after, max_latency_ratio=2.0, max_latency_increase_ms=500,
+                  max_error_rate=0.0):
+    """Does the probe after the change pass against the one before?
+
+    Fails when the error rate is above max_error_rate, or when p95 latency grew by more
+    than max_latency_ratio x AND by more than max_latency_increase_ms (both, so a fast
+    model's noise of a few ms cannot fail it). Returns {"ok", "reasons"}.
+    """
+    reasons, ok = [], True
+    if after.get("error_rate", 1.0) > float(max_error_rate):
+        ok = False
+        reasons.append(f"error rate {after.get('error_rate')} ({after.get('errors')} of "
+                       f"{after.get('count')}) is above {max_error_rate}: "
+                       f"{'; '.join(after.get('error_samples') or [])}")
+    b95, a95 = before.get("p95_ms"), after.get("p95_ms")
+    if b95 is not None and a95 is not None:
+        if a95 > b95 * float(max_latency_ratio) and a95 - b95 > float(max_latency_increase_ms):
+            ok = False
+            reasons.append(f"p95 latency {a95} ms after vs {b95} ms before: more than "
+                           f"{max_latency_ratio}x and {max_latency_increase_ms} ms slower")
+        else:
+            reasons.append(f"p95 latency {a95} ms after vs {b95} ms before")
+    elif a95 is None and ok:
+        ok = False
+        reasons.append("the probe after the change got no answer")
+    return {"ok": ok, "reasons": reasons}
+
+
+def soak_verdict(deltas, bad_statuses, max_5xx=0, max_retries=0, max_check_failures=0):
+    """The soak window after re-enabling: counters that grew at the gateway for the
+    host's servers (deltas: {server: {hrsp_5xx, wretr, wredis, chkfail, eresp}}) and any
+    status seen that was not UP (bad_statuses: {server: [status, ...]})."""
+    reasons, ok = [], True
+    for server, delta in sorted((deltas or {}).items()):
+        for key, limit, what in (("hrsp_5xx", max_5xx, "5xx answers"),
+                                 ("eresp", max_5xx, "response errors"),
+                                 ("wretr", max_retries, "retries"),
+                                 ("wredis", max_retries, "redispatches"),
+                                 ("chkfail", max_check_failures, "failed health checks")):
+            if int(delta.get(key, 0) or 0) > int(limit):
+                ok = False
+                reasons.append(f"{server}: {delta.get(key)} {what} during the soak window "
+                               f"(limit {limit})")
+    for server, statuses in sorted((bad_statuses or {}).items()):
+        if statuses:
+            ok = False
+            reasons.append(f"{server}: status {', '.join(sorted(set(statuses)))} during the "
+                           "soak window")
+    return {"ok": ok, "reasons": reasons or ["no errors, retries or failed checks"]}
+
+
+# ----------------------------------------------------------------- last-good record
+# The inventory variables a deploy is made of; the record keeps their values (the image
+# by id), so a rollback re-runs the same roles with them. No secret is among them.
+RECORD_INPUTS = ("vllm_server_image", "vllm_server_vllm_version", "vllm_server_models",
+                 "vllm_server_port")
+
+
+def build_record(inputs, image_id, instances, driver_version=""):
+    """The last-good record of a host whose deploy passed its gates.
+
+    inputs: the RECORD_INPUTS values of the deploy; image_id: the image's id (sha256:..);
+    instances: the plan's instances (name, model, revision, settings_hash, mounts).
+    The image is recorded by id so a rollback runs exactly those bytes, whatever the tag
+    points at by then; each model folder by the commit its manifest recorded.
+    """
+    missing = [k for k in RECORD_INPUTS if k not in inputs]
+    if missing:
+        raise UpgradeError(f"the record needs {', '.join(missing)}")
+    record_inputs = {k: inputs[k] for k in RECORD_INPUTS}
+    record_inputs["vllm_server_image"] = str(image_id)
+    return {
+        "version": 1,
+        "image_ref": str(inputs["vllm_server_image"]),
+        "image_id": str(image_id),
+        "driver_version": str(driver_version or ""),
+        "inputs": record_inputs,
+        "models": sorted({(i["mounts"][0]["source"], str(i["revision"])) for i in instances
+                          if i.get("mounts")}),
+        "instances": [{"name": i["name"], "model": i["model"],
+                       "settings_hash": i["settings_hash"], "revision": i["revision"]}
+                      for i in instances],
+    }
+
+
+def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_changed=False):
+    """The variables that re-run the roles to the recorded state.
+
+    The vllm_server inputs come from the record (image by id, never pulled); each
+    model_fetch entry whose folder is in the record is pinned to the recorded commit;
+    the driver to the recorded version when this upgrade changed it.
+    """
+    if not record or record.get("version") != 1 or "inputs" not in record:
+        raise UpgradeError("no usable last-good record on the host (it is written when a "
+                           "deploy passes its gates: run site.yml once before upgrading)")
+    out = dict(record["inputs"])
+    out["vllm_server_image_pull"] = "never"
+    commits = {path: commit for path, commit in record.get("models", [])}
+    pinned = []
+    for entry in model_fetch_models or []:
+        dest = entry.get("dest") or f"{str(model_fetch_root).rstrip('/')}/{entry['repo_id']}"
+        item = dict(entry)
+        commit = commits.get(dest)
+        if commit and not commit.startswith("local-"):
+            item["revision"] = commit
+        pinned.append(item)
+    out["model_fetch_models"] = pinned
+    if driver_changed and record.get("driver_version"):
+        version = record["driver_version"]
+        out["nvidia_driver_branch"] = version.split(".")[0]
+        out["nvidia_driver_version"] = version
+    return out

@@ -1,0 +1,51 @@
+"""Filters for playbooks/upgrade.yml: thin wrappers of module_utils/gpufleet/upgrade.py.
+
+They run on the control node and only compute (no host is contacted), so the upgrade's
+decisions (batches, what changes, gates, rollback variables) stay plain, unit-tested
+Python (tests/unit/test_upgrade.py) instead of Jinja.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "module_utils"))
+
+from ansible.errors import AnsibleFilterError  # noqa: E402
+
+from gpufleet import upgrade  # noqa: E402  (the repository's module_utils)
+
+
+def _wrap(func):
+    def call(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except upgrade.UpgradeError as exc:
+            raise AnsibleFilterError(str(exc)) from exc
+    call.__name__ = func.__name__
+    call.__doc__ = func.__doc__
+    return call
+
+
+def host_models(instances, hosts):
+    """{host: [served model names]} for `hosts` (in their order) from the fleet's list."""
+    out = {h: [] for h in hosts}
+    for entry in instances or []:
+        labels = entry.get("labels") or {}
+        if labels.get("host") in out:
+            out[labels["host"]].append(labels.get("served_model_name", ""))
+    return out
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "gpufleet_host_models": host_models,
+            "gpufleet_batches": _wrap(upgrade.plan_batches),
+            "gpufleet_driver_change": _wrap(upgrade.driver_change),
+            "gpufleet_capacity": _wrap(upgrade.capacity_verdict),
+            "gpufleet_soak_verdict": _wrap(upgrade.soak_verdict),
+            "gpufleet_build_record": _wrap(upgrade.build_record),
+            "gpufleet_rollback_vars": _wrap(upgrade.rollback_vars),
+        }
