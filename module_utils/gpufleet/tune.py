@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 import re
 
+from .arch import ARCHITECTURES, ArchError, architecture, parse_compute_capability
+
 __all__ = [
     "NoFitError",
     "TuneError",
@@ -83,7 +85,7 @@ FLAG_CHANGES = [
 # re-read there.
 QUANT_MIN_CAPABILITY = {"awq": (7, 5), "gptq": (6, 0), "fp8": (8, 0)}
 # Below 8.9 there is no FP8 hardware: vLLM runs FP8 weights weight-only (Marlin).
-FP8_NATIVE_CAPABILITY = (8, 9)
+# Which GPUs have FP8 units (and bf16) is gpufleet.arch's `fp8` (`bf16`) column.
 # V1 attention backends reject an fp8 KV cache below SM89 (vllm-project/vllm issues
 # #26431 on an RTX 3090 with v0.11: "type fp8e4nv not supported in this architecture";
 # #47549 on SM75 with v0.24: "FP8 KV cache is not supported by the Triton attention
@@ -141,11 +143,18 @@ def default_gpu_memory_utilization(version):
 
 
 def _capability(text):
+    """(major, minor) of a compute capability the architecture table knows."""
     try:
-        major, minor = str(text).split(".")[:2]
-        return int(major), int(minor)
-    except (ValueError, AttributeError) as exc:
-        raise TuneError(f"compute_capability {text!r} is not like \"8.9\"") from exc
+        cc = parse_compute_capability(text)
+        architecture(cc)
+    except ArchError as exc:
+        raise TuneError(f"compute_capability: {exc}") from None
+    return cc
+
+
+def _has(cc, feature):
+    """gpufleet.arch's `bf16` / `fp8` column for a (known) compute capability."""
+    return ARCHITECTURES[architecture(cc)][feature]
 
 
 # ---------------------------------------------------------------------------
@@ -404,7 +413,7 @@ def _served_dtype(model, cc, requested, reasons, cpu):
         if requested not in ("bfloat16", "float16", "float32"):
             raise TuneError(f"dtype {requested!r} is not auto, bfloat16, float16 or "
                             "float32")
-        if requested == "bfloat16" and cc is not None and cc < (8, 0):
+        if requested == "bfloat16" and cc is not None and not _has(cc, "bf16"):
             raise TuneError(
                 f"dtype bfloat16 needs compute capability >= 8.0 and this GPU has "
                 f"{cc[0]}.{cc[1]} (gpu_worker.py _check_if_gpu_supports_dtype); use "
@@ -419,7 +428,7 @@ def _served_dtype(model, cc, requested, reasons, cpu):
         reasons.append("dtype bfloat16: the CPU backend runs 16-bit models in bfloat16.")
         return "bfloat16", 2
     wanted = model["torch_dtype"]
-    if wanted in ("bfloat16", "float32") and cc >= (8, 0):
+    if wanted in ("bfloat16", "float32") and _has(cc, "bf16"):
         reasons.append(f"dtype bfloat16: the checkpoint is {wanted} and compute "
                        f"capability {cc[0]}.{cc[1]} >= 8.0 supports bfloat16.")
         return "bfloat16", 2
@@ -437,7 +446,7 @@ def _kv_dtype(requested, allow_fp8, cc, version, cpu, reasons):
     if requested not in KV_DTYPE_BYTES:
         raise TuneError(f"kv_cache_dtype {requested!r} is not one of "
                         f"{', '.join(KV_DTYPE_BYTES)}")
-    if requested in FP8_KV_DTYPES and not cpu and cc < FP8_NATIVE_CAPABILITY:
+    if requested in FP8_KV_DTYPES and not cpu and not _has(cc, "fp8"):
         if version_at_least(version, V1_DEFAULT_SINCE):
             raise TuneError(
                 f"kv_cache_dtype {requested} is refused on compute capability "
@@ -451,7 +460,7 @@ def _kv_dtype(requested, allow_fp8, cc, version, cpu, reasons):
     if requested != "auto":
         reasons.append(f"kv_cache_dtype {requested}: set by the user.")
         return requested
-    if allow_fp8 and not cpu and cc >= FP8_NATIVE_CAPABILITY:
+    if allow_fp8 and not cpu and _has(cc, "fp8"):
         reasons.append(f"kv_cache_dtype fp8: allowed by the user and compute capability "
                        f"{cc[0]}.{cc[1]} has native FP8; halves KV bytes per token.")
         return "fp8"
@@ -474,7 +483,7 @@ def _check_quantization(model, cc, reasons):
     if need and cc < need:
         raise TuneError(f"{method} weights need compute capability >= {need[0]}.{need[1]} "
                         f"in vLLM; this GPU has {cc[0]}.{cc[1]}")
-    if method == "fp8" and cc < FP8_NATIVE_CAPABILITY:
+    if method == "fp8" and not _has(cc, "fp8"):
         reasons.append(f"fp8 weights on compute capability {cc[0]}.{cc[1]}: vLLM runs them "
                        "weight-only (Marlin), without FP8 compute.")
     else:
