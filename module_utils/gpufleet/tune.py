@@ -516,6 +516,27 @@ def _translate_extra_args(extra_args, version, reasons):
 # The planner
 # ---------------------------------------------------------------------------
 
+def _int_option(value, name, minimum=1, text=""):
+    """An integer option (an int, or a string of digits from YAML) >= minimum; booleans
+    and fractions are refused with the accepted range."""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value.strip())
+    if number is None or number < minimum:
+        raise TuneError(f"{name} {value!r} is refused: it must be an integer >= {minimum}"
+                        f"{text} (not a boolean, a fraction or other text)")
+    return number
+
+
+def _tp_option(value):
+    """tensor_parallel_size: "auto" or an integer >= 1."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return _int_option(value, "tensor_parallel_size", text=", or auto")
+
+
 def _check_options(model, devices, max_model_len, target_concurrency,
                    gpu_memory_utilization, kv_cache_memory_bytes, vllm_version,
                    allow_long_context):
@@ -526,6 +547,9 @@ def _check_options(model, devices, max_model_len, target_concurrency,
                         "gpus (ansible_facts.gpu.devices) for a GPU host, or "
                         "kv_cache_memory_bytes for vLLM's CPU backend")
     if kv_cache_memory_bytes is not None:
+        if isinstance(kv_cache_memory_bytes, bool):
+            raise TuneError("kv_cache_memory_bytes must be a positive number of bytes, not "
+                            "a boolean")
         kv_cache_memory_bytes = int(kv_cache_memory_bytes)
         if kv_cache_memory_bytes <= 0:
             raise TuneError("kv_cache_memory_bytes must be a positive number of bytes")
@@ -533,25 +557,30 @@ def _check_options(model, devices, max_model_len, target_concurrency,
         if not version_at_least(vllm_version, since):
             raise TuneError(f"vLLM {vllm_version} has no --kv-cache-memory-bytes (added in "
                             f"{since}); use gpu_memory_utilization or a newer vLLM")
-    if target_concurrency is not None and int(target_concurrency) < 1:
-        raise TuneError("target_concurrency must be >= 1")
+    if isinstance(target_concurrency, bool) or (
+            target_concurrency is not None and int(target_concurrency) < 1):
+        raise TuneError(f"target_concurrency {target_concurrency!r} is refused: "
+                        "target_concurrency must be >= 1 (an integer)")
     if model.get("weights_bytes") is None:
         raise TuneError("the model's weight bytes are unknown: give model_path with "
                         "safetensors files, or weights_bytes")
     util = gpu_memory_utilization
+    if isinstance(util, bool):
+        raise TuneError("gpu_memory_utilization must be a number in (0, 1], not a boolean")
     util = float(default_gpu_memory_utilization(vllm_version) if util is None else util)
     if not 0 < util <= 1:
         raise TuneError("gpu_memory_utilization must be in (0, 1]")
     limit = model_max_len(model)
     wanted = None
     if str(max_model_len).lower() != "auto":
-        try:
-            wanted = int(max_model_len)
-        except (TypeError, ValueError) as exc:
-            raise TuneError(f"max_model_len {max_model_len!r} is not an integer or "
-                            "'auto'") from exc
-        if wanted < 1:
+        if isinstance(max_model_len, int) and not isinstance(max_model_len, bool) and \
+                max_model_len < 1:
             raise TuneError("max_model_len must be >= 1")
+        try:
+            wanted = _int_option(max_model_len, "max_model_len", text=", or auto")
+        except TuneError as exc:
+            raise TuneError(f"max_model_len {max_model_len!r} is not an integer or "
+                            f"'auto': {exc}") from None
         if wanted > limit and not allow_long_context:
             raise TuneError(
                 f"max_model_len {wanted:,} is above the model's context of {limit:,} "
@@ -741,6 +770,10 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     input and NoFitError (with `nearest` and the partial result) when nothing fits.
     """
     reasons = []
+    tensor_parallel_size = _tp_option(tensor_parallel_size)
+    if overhead_bytes is not None:
+        overhead_bytes = _int_option(overhead_bytes, "overhead_bytes", minimum=0,
+                                     text=" (bytes per GPU)")
     devices = _check_gpus(gpus or [])
     opts = _check_options(model, devices, max_model_len, target_concurrency,
                           gpu_memory_utilization, kv_cache_memory_bytes, vllm_version,
