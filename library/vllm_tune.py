@@ -270,7 +270,8 @@ def main():
             model = describe_config(p["model_config"], weights_bytes=p["weights_bytes"],
                                     weights_source="weights_bytes option",
                                     allow_unknown_architecture=p[
-                                        "allow_unknown_architecture"])
+                                        "allow_unknown_architecture"],
+                                    source="model_config (config.json)")
     except ModelError as exc:
         module.fail_json(msg=str(exc), changed=False, reasons=[])
 

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import re
 
-from .gpu import architecture_for  # the project's one compute capability -> name table
+from .arch import ARCHITECTURES, COMPUTE_CAPABILITIES
+from .arch import architecture as _architecture_of
+from .arch import parse_compute_capability as _parse_cc
 
 # ---------------------------------------------------------------------------------------
 # Tables
@@ -109,33 +111,19 @@ DRIVER_BRANCHES = {
     610: {"cuda": "13.3", "min_driver": "610.43.02", "lifecycle": "new feature", "eol": "2026-08"},
 }
 
-# Last driver branch that supports an architecture.  Sources: NVIDIA "Unix graphics
-# feature deprecation schedule" (forums.developer.nvidia.com): "The release 580 series
-# will be the last to support GPUs based on the Maxwell, Pascal, and Volta
-# architectures"; R470 was the last branch for Kepler.
-LAST_BRANCH_FOR_ARCHITECTURE = {"kepler": 470, "maxwell": 580, "pascal": 580, "volta": 580}
+# Last driver branch that supports an architecture (Kepler R470; Maxwell, Pascal and
+# Volta R580): from gpufleet.arch, the one architecture table, where the sources are.
+LAST_BRANCH_FOR_ARCHITECTURE = {name: row["last_driver_branch"]
+                                for name, row in ARCHITECTURES.items()
+                                if row["last_driver_branch"] is not None}
 for _branch, _row in DRIVER_BRANCHES.items():
     _row["last_for_architectures"] = sorted(
         a for a, last in LAST_BRANCH_FOR_ARCHITECTURE.items() if last == _branch)
 del _branch, _row
 
 # Which compute capabilities a CUDA toolkit can build for: (first CUDA, first CUDA
-# without it).  Source: mesonbuild/meson mesonbuild/modules/cuda.py `_MICROISA_RANGES_DEF`
-# (replicates https://en.wikipedia.org/wiki/CUDA#GPUs_supported) and the CUDA 13.0
-# release notes ("Maxwell, Pascal and Volta ... no longer supported"; Thor renamed
-# sm_101 -> sm_110).
-TOOLKIT_ARCH_RANGE = {
-    "3.0": ("5.0", "11.0"), "3.2": ("6.0", "11.0"), "3.5": ("5.0", "12.0"),
-    "3.7": ("6.5", "12.0"),
-    "5.0": ("6.5", "13.0"), "5.2": ("6.5", "13.0"), "5.3": ("6.5", "13.0"),
-    "6.0": ("8.0", "13.0"), "6.1": ("8.0", "13.0"), "6.2": ("8.0", "13.0"),
-    "7.0": ("9.0", "13.0"), "7.2": ("10.0", "13.0"),
-    "7.5": ("10.0", None),
-    "8.0": ("11.0", None), "8.6": ("11.1", None), "8.7": ("11.5", None),
-    "8.9": ("11.8", None), "9.0": ("11.8", None),
-    "10.0": ("12.8", None), "10.1": ("12.8", "13.0"), "10.3": ("12.9", None),
-    "11.0": ("13.0", None), "12.0": ("12.8", None), "12.1": ("12.9", None),
-}
+# without it), from gpufleet.arch (sources there).
+TOOLKIT_ARCH_RANGE = {cc: (first, gone) for cc, (_, first, gone) in COMPUTE_CAPABILITIES.items()}
 
 # Driver branches whose hosts NVIDIA's own CUDA images admit through a
 # `brand=<datacenter brand>,driver>=B,driver<B+1` alternative of NVIDIA_REQUIRE_CUDA,
@@ -153,9 +141,10 @@ FORWARD_COMPAT_BRANCHES = {
 
 MODES = ("native", "minor_version", "forward_compat", "incompatible")
 
-_DRIVER_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
-_CUDA_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
-_CC_RE = re.compile(r"^(\d+)\.(\d+)$")
+# Bounded parts: NVIDIA drivers are MAJOR (3 digits).MINOR[.PATCH] (535.129.03, 570.26);
+# CUDA versions MAJOR.MINOR[.PATCH] with at most 2, 2 and 3 digits (12.9.1).
+_DRIVER_RE = re.compile(r"^(\d{3})\.(\d{1,3})(?:\.(\d{1,3}))?$")
+_CUDA_RE = re.compile(r"^(\d{1,2})\.(\d{1,2})(?:\.(\d{1,3}))?$")
 
 
 # ---------------------------------------------------------------------------------------
@@ -169,7 +158,8 @@ def parse_driver_version(s):
     if not m or int(m.group(1)) < 100:
         raise ValueError(
             f"driver_version {s!r} is malformed: expected MAJOR.MINOR[.PATCH] as printed "
-            "by nvidia-smi, e.g. 535.129.03 or 570.26")
+            "by nvidia-smi (a 3-digit branch, then at most 3 digits per part), e.g. "
+            "535.129.03 or 570.26")
     return tuple(int(g) for g in m.groups() if g is not None)
 
 
@@ -179,7 +169,8 @@ def parse_cuda_version(s):
     m = _CUDA_RE.match(text)
     if not m:
         raise ValueError(
-            f"CUDA version {s!r} is malformed: expected MAJOR.MINOR such as 12.2 or 13.0")
+            f"CUDA version {s!r} is malformed: expected MAJOR.MINOR such as 12.2 or 13.0 "
+            "(at most 2 digits each, then an optional .PATCH)")
     return int(m.group(1)), int(m.group(2))
 
 
@@ -188,19 +179,22 @@ def _cuda_str(v):
 
 
 def parse_compute_capability(cc):
-    """'8.6' -> (8, 6); 86 or '86' are not accepted (ambiguous for 10.0 and up)."""
-    text = str(cc).strip()
-    m = _CC_RE.match(text)
-    if not m:
-        raise ValueError(
-            f"compute capability {cc!r} is malformed: expected MAJOR.MINOR such as 8.0 "
-            "(nvidia-smi --query-gpu=compute_cap)")
-    return int(m.group(1)), int(m.group(2))
+    """'8.6' -> (8, 6); 86 or '86' are not accepted (ambiguous for 10.0 and up).
+
+    gpufleet.arch's parser; whether the table knows it is checked by _architecture."""
+    return _parse_cc(cc)
 
 
 def _architecture(cc):
-    """Lower-case architecture name of a compute capability ("8.9" -> "ada")."""
-    return architecture_for(cc) or "unknown"
+    """Lower-case architecture name of a compute capability ("8.9" -> "ada");
+    ValueError (ArchError) for one outside gpufleet.arch's table."""
+    return _architecture_of(cc)
+
+
+def _known_cc(cc):
+    """'8.9' for a compute capability the architecture table knows; ValueError else."""
+    _architecture(cc)
+    return _cuda_str(parse_compute_capability(cc))
 
 
 def branch_of(driver_version):
@@ -245,15 +239,21 @@ def min_driver_for_cuda(cuda, update=None):
         raise ValueError(f"CUDA {key} has no update {upd} in NVIDIA's table; known updates: "
                          f"{', '.join(str(u) for u in updates)} (0 = GA)")
     raise ValueError(
-        f"CUDA {key} is not in NVIDIA's toolkit/driver table as known here "
-        f"({known[0]} to {known[-1]}; there is no 12.7 toolkit): check the version, or add "
-        "it from the CUDA release notes Table 3")
+        f"CUDA {key} is not a CUDA toolkit release in NVIDIA's toolkit/driver table as "
+        f"known here ({known[0]} to {known[-1]}; there is no 12.7 toolkit): use the image's "
+        "real CUDA version (its CUDA_VERSION), or add a new release from the CUDA release "
+        "notes Table 3 to TOOLKIT_MIN_DRIVER")
 
 
 def planned_driver_for_branch(branch):
     """The driver version a plan can assume for ``branch`` before installing it: the
     branch's first release (what NVIDIA's tables promise for the whole branch)."""
-    b = int(branch)
+    text = str(branch).strip()
+    if isinstance(branch, bool) or not text.isdigit():
+        raise ValueError(f"driver branch {branch!r} is not a branch number such as 580: set "
+                         "driver_branch to one of "
+                         f"{', '.join(str(k) for k in sorted(DRIVER_BRANCHES))}")
+    b = int(text)
     if b not in DRIVER_BRANCHES:
         raise ValueError(f"driver branch {branch} is not known; known branches: "
                          f"{', '.join(str(k) for k in sorted(DRIVER_BRANCHES))}")
@@ -268,7 +268,7 @@ def planned_driver(installed, branch):
     driver the role can install (a conservative plan)."""
     if installed:
         parse_driver_version(installed)
-        if branch_of(installed) == int(branch):
+        if str(branch_of(installed)) == str(branch).strip():
             return str(installed).strip()
     return planned_driver_for_branch(branch)
 
@@ -276,18 +276,14 @@ def planned_driver(installed, branch):
 def branch_supports_architecture(branch, compute_capability):
     """False when driver ``branch`` no longer supports a GPU of ``compute_capability``
     (Kepler after R470; Maxwell, Pascal and Volta after R580)."""
-    cc = _cuda_str(parse_compute_capability(compute_capability))
-    arch = _architecture(cc)
+    arch = _architecture(compute_capability)
     last = LAST_BRANCH_FOR_ARCHITECTURE.get(arch)
     return last is None or int(branch) <= last
 
 
 def toolkit_supports_architecture(cuda, compute_capability):
     """Whether CUDA toolkit ``cuda`` can build code for ``compute_capability``."""
-    cc = _cuda_str(parse_compute_capability(compute_capability))
-    if cc not in TOOLKIT_ARCH_RANGE:
-        return True  # unknown to the table: do not claim a drop we cannot source
-    first, gone = TOOLKIT_ARCH_RANGE[cc]
+    first, gone = TOOLKIT_ARCH_RANGE[_known_cc(compute_capability)]
     v = parse_cuda_version(cuda)
     return v >= parse_cuda_version(first) and (gone is None or v < parse_cuda_version(gone))
 
@@ -687,7 +683,7 @@ def check(driver_version, compute_capabilities=(), cuda_version=None, require_cu
     """
     parse_driver_version(driver_version)
     driver_version = str(driver_version).strip()
-    ccs = [_cuda_str(parse_compute_capability(c)) for c in (compute_capabilities or [])]
+    ccs = [_known_cc(c) for c in (compute_capabilities or [])]
     requirements = [require_cuda] if isinstance(require_cuda, str) else list(require_cuda or [])
     parsed = [parse_require_cuda(r) for r in requirements]
     arch_list = parse_arch_list(image_arch_list) if image_arch_list else None
@@ -702,13 +698,9 @@ def check(driver_version, compute_capabilities=(), cuda_version=None, require_cu
     if branch not in DRIVER_BRANCHES:
         notes.append(f"Driver branch {branch} is not in the branch table; it is assumed to "
                        f"support at least CUDA {driver_cuda}, like branch {_known_branch(branch)}.")
-    min_driver = None
-    if required:
-        try:
-            min_driver = min_driver_for_cuda(required)
-        except ValueError:
-            notes.append(f"CUDA {required} is not in NVIDIA's toolkit/driver table as known "
-                           "here; its minimum driver is unknown.")
+    # A CUDA NVIDIA never shipped (12.7) or one newer than the table is an error, not a
+    # verdict: min_driver_for_cuda names the known releases and what to do.
+    min_driver = min_driver_for_cuda(required) if required else None
 
     # 1. What the CUDA runtime in the container can do on this driver.
     mode, fc_possible, runtime_reason = _runtime_mode(

@@ -25,6 +25,9 @@ import re
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
 
+from .arch import ARCHITECTURES, ArchError, cc_text
+from .arch import architecture as _architecture_of
+
 __all__ = [
     "GpuFactsError",
     "SOURCES",
@@ -56,22 +59,8 @@ class GpuFactsError(ValueError):
 # Architecture tables
 # ---------------------------------------------------------------------------
 
-# Compute capability -> architecture. Source: NVIDIA CUDA C++ Programming Guide,
-# "Compute Capabilities" table, and developer.nvidia.com/cuda-gpus. 5.3/6.2/7.2/8.7
-# are the Tegra parts (TX1, TX2, Xavier, Orin). CUDA 13 renamed Thor 10.1 -> 11.0
-# (CUDA 13.0 release notes); both spellings map to Blackwell.
-_ARCHITECTURE_BY_CC = {
-    "3.0": "kepler", "3.2": "kepler", "3.5": "kepler", "3.7": "kepler",
-    "5.0": "maxwell", "5.2": "maxwell", "5.3": "maxwell",
-    "6.0": "pascal", "6.1": "pascal", "6.2": "pascal",
-    "7.0": "volta", "7.2": "volta",
-    "7.5": "turing",
-    "8.0": "ampere", "8.6": "ampere", "8.7": "ampere",
-    "8.9": "ada",
-    "9.0": "hopper",
-    "10.0": "blackwell", "10.1": "blackwell", "10.3": "blackwell",
-    "11.0": "blackwell", "12.0": "blackwell", "12.1": "blackwell",
-}
+# Compute capability -> architecture: gpufleet.arch (the one table); the tables below
+# map product names and PCI ids to compute capabilities.
 
 # nvidia-smi's <product_architecture> spellings -> our names (nvsmi_device_v11+ DTD).
 _ARCHITECTURE_NAMES = {
@@ -199,7 +188,10 @@ def architecture_for(compute_capability):
     """Architecture name ("hopper") for a compute capability ("9.0"); None if unknown."""
     if compute_capability is None:
         return None
-    return _ARCHITECTURE_BY_CC.get(_normalise_cc(compute_capability))
+    try:
+        return _architecture_of(compute_capability, unknown_ok=True)
+    except ArchError as exc:
+        raise GpuFactsError(str(exc)) from None
 
 
 def compute_capability_for(name):
@@ -242,8 +234,9 @@ def open_kernel_modules_supported(facts):
 
     The open modules support Turing (compute capability 7.5) and newer only;
     Maxwell, Pascal and Volta need the proprietary modules (NVIDIA driver README,
-    "Using the Open GPU Kernel Modules"). Returns None when there is no GPU or a
-    device's compute capability is unknown, so the caller decides.
+    "Using the Open GPU Kernel Modules"; gpufleet.arch). Returns None when there is no
+    GPU or a device's compute capability is unknown (or not in the architecture table),
+    so the caller decides.
     """
     devices = (facts or {}).get("devices") or []
     if not devices:
@@ -253,7 +246,10 @@ def open_kernel_modules_supported(facts):
         cc = device.get("compute_capability")
         if cc is None:
             return None
-        if _cc_tuple(cc) < (7, 5):
+        name = architecture_for(cc)
+        if name is None:
+            return None
+        if ARCHITECTURES[name]["open_kernel_modules"] == "unsupported":
             verdict = False
     return verdict
 
@@ -443,19 +439,10 @@ def _bus_id(text):
 
 
 def _normalise_cc(value):
-    if isinstance(value, (tuple, list)):
-        return "%d.%d" % (int(value[0]), int(value[1]))
-    text = str(value).strip()
-    match = re.fullmatch(r"(\d+)\.(\d+)", text)
-    if not match:
-        raise GpuFactsError("compute capability %r is not MAJOR.MINOR such as '9.0'"
-                            % (value,))
-    return "%d.%d" % (int(match.group(1)), int(match.group(2)))
-
-
-def _cc_tuple(value):
-    major, minor = _normalise_cc(value).split(".")
-    return int(major), int(minor)
+    try:
+        return cc_text(value)
+    except ArchError as exc:
+        raise GpuFactsError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------

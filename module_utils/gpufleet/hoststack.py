@@ -2,8 +2,8 @@
 
 Plain data in, plain data out, no Ansible. Used by library/nvidia_driver_plan.py and
 library/nvidia_repo_info.py (roles nvidia_driver, cuda_toolkit, container_toolkit).
-Driver-branch and architecture tables live in gpufleet.cuda / gpufleet.gpu and are
-imported, not copied.
+Driver-branch tables live in gpufleet.cuda, architecture facts in gpufleet.arch; both
+are imported, not copied.
 
 Sources:
 - CUDA network repository layout and keys: NVIDIA CUDA Installation Guide for Linux,
@@ -28,8 +28,8 @@ import re
 
 # Relative imports work both as gpufleet.hoststack (tests) and as
 # ansible.module_utils.gpufleet.hoststack (modules; Ansible ships the siblings too).
-from .cuda import DRIVER_BRANCHES, branch_supports_architecture, parse_compute_capability
-from .gpu import open_kernel_modules_supported
+from .arch import ArchError, architecture_facts
+from .cuda import DRIVER_BRANCHES, branch_supports_architecture, parse_driver_version
 
 CUDA_REPO_BASE = "https://developer.download.nvidia.com/compute/cuda/repos"
 CTK_REPO_BASE = "https://nvidia.github.io/libnvidia-container/stable"
@@ -50,8 +50,6 @@ CTK_DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 FIRST_PINNING_BRANCH = 590  # from R590 on: nvidia-driver-pinning-<branch> + unversioned metas
 KERNEL_MODULES = ("auto", "open", "proprietary")
-_BLACKWELL = (10, 0)
-_TURING = (7, 5)
 
 
 class HostStackError(ValueError):
@@ -205,21 +203,25 @@ def kernel_module_flavor(branch, devices, requested="auto"):
             "a GPU's compute capability is unknown (product not in gpufleet's tables), so "
             "the kernel module flavour cannot be chosen: set nvidia_driver_kernel_module to "
             "open (Turing and newer) or proprietary (Maxwell, Pascal, Volta)")
+    try:
+        facts = [architecture_facts(cc) for cc in ccs]
+    except ArchError as exc:
+        raise HostStackError(f"GPU facts: {exc}") from None
     dropped = sorted({cc for cc in ccs if not branch_supports_architecture(branch, cc)})
     if dropped:
         raise HostStackError(
             f"driver branch {branch} no longer supports the GPU(s) with compute capability "
             f"{', '.join(dropped)} (R580 is the last branch for Maxwell, Pascal and Volta; "
             "R470 for Kepler): set nvidia_driver_branch to 580 or older for this host")
-    tuples = [parse_compute_capability(cc) for cc in ccs]
-    old = [cc for cc, t in zip(ccs, tuples) if t < _TURING]
-    blackwell = [cc for cc, t in zip(ccs, tuples) if t >= _BLACKWELL]
+    # gpufleet.arch: open modules unsupported before Turing, required on Blackwell.
+    old = [cc for cc, f in zip(ccs, facts) if f["open_kernel_modules"] == "unsupported"]
+    blackwell = [cc for cc, f in zip(ccs, facts) if f["open_kernel_modules"] == "required"]
     if old and blackwell:
         raise HostStackError(
             f"this host mixes pre-Turing GPUs ({', '.join(old)}: proprietary modules only) "
             f"with Blackwell GPUs ({', '.join(blackwell)}: open modules only); no driver "
             "flavour drives both: move one of them to another host")
-    supported = open_kernel_modules_supported({"devices": list(devices)})
+    supported = not old
     if requested == "auto":
         return "open" if supported else "proprietary"
     if requested == "open" and not supported:
@@ -311,6 +313,14 @@ def resolve_driver_version(branch, requested, installed, available, upgrade=Fals
     """
     branch = parse_branch(branch)
     requested = str(requested or "").strip()
+    if requested:
+        try:
+            parse_driver_version(requested)
+        except ValueError:
+            raise HostStackError(
+                f"nvidia_driver_version {requested!r} is not a driver version like "
+                f"{branch}.95.05 (MAJOR.MINOR[.PATCH], as nvidia-smi prints it): set it to a "
+                f"version of branch {branch}, or leave it empty for the newest") from None
     if requested and not requested.startswith(f"{branch}."):
         raise HostStackError(
             f"nvidia_driver_version {requested} is not in branch {branch}: set "

@@ -110,6 +110,73 @@ def _first(cfg, *keys):
     return None
 
 
+def _is_int(value):
+    """An int that is not a bool (Python's True is an int; config.json's true is not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_int(value, field, source, minimum=1, extra=""):
+    """`value` as an int >= minimum, or ModelError naming the field, file and range."""
+    if not _is_int(value) or value < minimum:
+        raise ModelError(f"{source}: {field} is {value!r}; it must be an integer >= "
+                         f"{minimum}{extra} (not a boolean, a string, a list or a fraction)")
+    return value
+
+
+def _optional_int(cfg, field, source, minimum=1, extra=""):
+    value = cfg.get(field)
+    return None if value is None else _positive_int(value, field, source, minimum, extra)
+
+
+def _positive_number(value, field, source):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ModelError(f"{source}: {field} is {value!r}; it must be a number > 0")
+    return value
+
+
+# Bytes per element of each safetensors dtype (safetensors' Dtype enum); None: packed
+# sub-byte types whose tensor size is not a whole number of elements' bytes.
+SAFETENSORS_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+    "F64": 8, "I64": 8, "U64": 8, "F4": None, "F6_E2M3": None, "F6_E3M2": None,
+}
+
+
+def _tensor_size(path, name, entry):
+    """Byte size of one header entry, every field checked."""
+    if not isinstance(entry, dict):
+        raise ModelError(f"{path}: tensor {name!r} is not a mapping in the safetensors "
+                         "header; the file is corrupt")
+    offsets = entry.get("data_offsets")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(
+            _is_int(o) and o >= 0 for o in offsets) and offsets[1] >= offsets[0]):
+        if isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets):
+            raise ModelError(f"{path}: tensor {name!r} has negative size")
+        raise ModelError(f"{path}: tensor {name!r} has no valid data_offsets (two integers "
+                         f"[start, end], 0 <= start <= end; got {offsets!r})")
+    dtype = entry.get("dtype")
+    if dtype not in SAFETENSORS_DTYPE_BYTES:
+        raise ModelError(f"{path}: tensor {name!r} has dtype {dtype!r}, not one of "
+                         f"{', '.join(SAFETENSORS_DTYPE_BYTES)}; the file is corrupt or "
+                         "newer than gpufleet")
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise ModelError(f"{path}: tensor {name!r} has shape {shape!r}; it must be a list "
+                         "of non-negative integers")
+    size = offsets[1] - offsets[0]
+    width = SAFETENSORS_DTYPE_BYTES[dtype]
+    if width is not None:
+        count = 1
+        for dim in shape:
+            count *= dim
+        if count * width != size:
+            raise ModelError(f"{path}: tensor {name!r} of shape {shape} and dtype {dtype} "
+                             f"needs {count * width} bytes but data_offsets give {size}; "
+                             "the file is corrupt")
+    return dtype, size
+
+
 def safetensors_file_info(path):
     """Return {"bytes": tensor bytes, "dtypes": {dtype: bytes}} from a header.
 
@@ -133,22 +200,18 @@ def safetensors_file_info(path):
                          f"({len(header_raw)} of {header_len} bytes)")
     try:
         header = json.loads(header_raw)
-    except ValueError as exc:
+    except ValueError as exc:  # UnicodeDecodeError too
         raise ModelError(f"{path}: safetensors header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ModelError(f"{path}: safetensors header is not a JSON object (got "
+                         f"{type(header).__name__}); the file is corrupt")
     total = 0
     dtypes = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        try:
-            start, end = entry["data_offsets"]
-            size = int(end) - int(start)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ModelError(f"{path}: tensor {name!r} has no valid data_offsets") from exc
-        if size < 0:
-            raise ModelError(f"{path}: tensor {name!r} has negative size")
+        dtype, size = _tensor_size(path, name, entry)
         total += size
-        dtype = entry.get("dtype", "?")
         dtypes[dtype] = dtypes.get(dtype, 0) + size
     return {"bytes": total, "dtypes": dtypes}
 
@@ -189,24 +252,40 @@ def weights_from_dir(path):
                      "download the weights or pass weights_bytes")
 
 
-def _quantization(cfg):
+def _quantization(cfg, source="config.json"):
     quant = cfg.get("quantization_config")
     if not quant:
         return None
     if not isinstance(quant, dict):
-        raise ModelError("quantization_config must be a mapping")
+        raise ModelError(f"{source}: quantization_config must be a mapping")
     method = str(quant.get("quant_method") or "unknown").lower()
     out = {"method": method}
-    bits = _first(quant, "bits", "w_bit", "num_bits")
+    bits_key = next((k for k in ("bits", "w_bit", "num_bits") if quant.get(k) is not None),
+                    "bits")
+    bits = quant.get(bits_key)
     if bits is None and method == "fp8":
         bits = 8
     if bits is not None:
-        out["bits"] = int(bits)
-    group = _first(quant, "group_size", "q_group_size")
-    if group is not None:
-        out["group_size"] = int(group)
-    if quant.get("weight_block_size"):
-        out["weight_block_size"] = list(quant["weight_block_size"])
+        out["bits"] = _positive_int(bits, f"quantization_config.{bits_key}", source,
+                                    extra=" and <= 32")
+        if bits > 32:
+            raise ModelError(f"{source}: quantization_config.{bits_key} is {bits}; it must "
+                             "be an integer from 1 to 32")
+    group_key = next((k for k in ("group_size", "q_group_size") if quant.get(k) is not None),
+                     None)
+    if group_key is not None:
+        group = quant[group_key]
+        if group != -1:  # GPTQ/AWQ: -1 is one group per output channel
+            _positive_int(group, f"quantization_config.{group_key}", source,
+                          extra=", or -1 for per-channel")
+        out["group_size"] = group
+    block = quant.get("weight_block_size")
+    if block is not None:
+        if not isinstance(block, list) or not block or not all(
+                _is_int(b) and b > 0 for b in block):
+            raise ModelError(f"{source}: quantization_config.weight_block_size is {block!r}; "
+                             "it must be a list of integers >= 1, e.g. [128, 128]")
+        out["weight_block_size"] = list(block)
     if quant.get("format"):
         out["format"] = quant["format"]
     return out
@@ -257,9 +336,32 @@ def _pooling_kind(architectures, model_type, has_st_files):
     return ("pooling", False) if has_st_files else ("generative", False)
 
 
+def _rope_scaling(text, source):
+    """The rope scaling mapping with its factor and original length checked, or None."""
+    key = "rope_scaling" if text.get("rope_scaling") else "rope_parameters"
+    rope = text.get(key)
+    if not rope:
+        return None
+    if not isinstance(rope, dict):
+        raise ModelError(f"{source}: {key} is {rope!r}; it must be a mapping such as "
+                         "{\"rope_type\": \"yarn\", \"factor\": 4.0}")
+    for field in ("factor", "low_freq_factor", "high_freq_factor"):
+        if rope.get(field) is not None:
+            _positive_number(rope[field], f"{key}.{field}", source)
+    if rope.get("original_max_position_embeddings") is not None:
+        _positive_int(rope["original_max_position_embeddings"],
+                      f"{key}.original_max_position_embeddings", source)
+    return rope
+
+
+def _field_name(text, *keys):
+    """The first of `keys` present in the config (for error messages)."""
+    return next((k for k in keys if text.get(k) is not None), keys[0])
+
+
 def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=None,
                     sentence_transformers=False, allow_unknown_architecture=False,
-                    name=None):
+                    name=None, source="config.json"):
     """Describe a model from its config.json mapping.
 
     Returns a plain dict (see docs/tuning.md, "Model description"). Raises ModelError
@@ -292,6 +394,25 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     if missing:
         raise ModelError(f"config.json lacks {', '.join(missing)}; the tuner needs: "
                          + ", ".join(REQUIRED_FIELDS))
+    # Every number the tuner uses is checked once, here (booleans are not integers).
+    layers_key = _field_name(text, "num_hidden_layers", "n_layer", "num_layers")
+    heads_key = _field_name(text, "num_attention_heads", "n_head")
+    _positive_int(num_layers, layers_key, source)
+    _positive_int(num_heads, heads_key, source)
+    _positive_int(max_pos, _field_name(text, "max_position_embeddings", "n_positions",
+                                       "max_seq_len"), source)
+    if hidden is not None:
+        _positive_int(hidden, _field_name(text, "hidden_size", "n_embd", "d_model"), source)
+    if head_dim is not None:
+        _positive_int(head_dim, "head_dim", source)
+    elif hidden % num_heads:
+        raise ModelError(f"{source}: hidden_size {hidden} is not a multiple of {heads_key} "
+                         f"{num_heads}, so the head size is not whole; set head_dim")
+    for field in ("intermediate_size", "vocab_size", "kv_lora_rank", "num_experts_per_tok"):
+        _optional_int(text, field, source)
+    _optional_int(text, "qk_rope_head_dim", source, minimum=0)
+    if weights_bytes is not None:
+        _positive_int(weights_bytes, "weights_bytes", weights_source or "weights_bytes")
     known = model_type in KNOWN_MODEL_TYPES
     if not known and not allow_unknown_architecture:
         raise ModelError(
@@ -299,12 +420,22 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
             "not in gpufleet's table, so its KV layout is not verified. The generic "
             "decoder rule would use: " + ", ".join(REQUIRED_FIELDS) + ", and "
             "num_key_value_heads. Set allow_unknown_architecture: true to use it.")
-    num_layers, num_heads = int(num_layers), int(num_heads)
     # vllm/config/model.py get_total_num_kv_heads: first of these attributes.
+    kv_key = _field_name(text, "n_head_kv", "num_kv_heads", "num_key_value_heads",
+                         "multi_query_group_num")
     kv_heads = _first(text, "n_head_kv", "num_kv_heads", "num_key_value_heads",
                       "multi_query_group_num")
-    kv_heads = int(kv_heads) if kv_heads is not None else num_heads
-    head_size = int(head_dim) if head_dim is not None else int(hidden) // num_heads
+    if kv_heads is None:
+        kv_heads = num_heads
+    _positive_int(kv_heads, kv_key, source, extra=f" dividing {heads_key} ({num_heads})")
+    if text.get("kv_lora_rank") is None and num_heads % kv_heads:
+        raise ModelError(f"{source}: {kv_key} {kv_heads} does not divide {heads_key} "
+                         f"{num_heads}; grouped-query attention needs it to (check the "
+                         "config)")
+    head_size = head_dim if head_dim is not None else hidden // num_heads
+    window = text.get("sliding_window")
+    if window is not None:
+        _positive_int(window, "sliding_window", source, extra=" (or null for none)")
 
     st_files = bool(sentence_transformers)
     kind, native_pooling = _pooling_kind(architectures, model_type, st_files)
@@ -331,6 +462,9 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     if not torch_dtype and weights_dtype in SAFETENSORS_TO_TORCH:
         torch_dtype = SAFETENSORS_TO_TORCH[weights_dtype]
     num_experts = _first(text, "n_routed_experts", "num_local_experts", "num_experts")
+    if num_experts is not None:
+        _positive_int(num_experts, _field_name(text, "n_routed_experts", "num_local_experts",
+                                               "num_experts"), source)
     desc = {
         "name": name or (architectures[0] if architectures else model_type),
         "architectures": architectures,
@@ -345,21 +479,21 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "num_kv_heads": kv_heads,
         "head_size": head_size,
         "layer_kinds": layer_kinds,
-        "sliding_window": int(text["sliding_window"]) if "sliding" in layer_kinds else None,
+        "sliding_window": window if "sliding" in layer_kinds else None,
         "kv_lora_rank": text.get("kv_lora_rank"),
         "qk_rope_head_dim": text.get("qk_rope_head_dim"),
-        "hidden_size": int(hidden) if hidden is not None else None,
+        "hidden_size": hidden,
         "intermediate_size": text.get("intermediate_size"),
         "vocab_size": text.get("vocab_size"),
-        "max_position_embeddings": int(max_pos),
-        "rope_scaling": text.get("rope_scaling") or text.get("rope_parameters"),
+        "max_position_embeddings": max_pos,
+        "rope_scaling": _rope_scaling(text, source),
         "torch_dtype": torch_dtype or "bfloat16",
         "torch_dtype_from_config": bool(torch_dtype),
-        "moe": {"num_experts": int(num_experts),
+        "moe": {"num_experts": num_experts,
                 "experts_per_token": text.get("num_experts_per_tok")}
         if num_experts else None,
-        "quantization": _quantization(cfg),
-        "weights_bytes": int(weights_bytes) if weights_bytes is not None else None,
+        "quantization": _quantization(cfg, source),
+        "weights_bytes": weights_bytes,
         "weights_source": weights_source,
         "weights_dtype": weights_dtype,
     }
@@ -383,15 +517,15 @@ def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=Non
     if weights_bytes is None:
         weights = weights_from_dir(path)
     else:
-        weights = {"bytes": int(weights_bytes), "source": "weights_bytes option",
-                   "dtype": None}
+        weights = {"bytes": weights_bytes, "source": "weights_bytes option", "dtype": None}
     st_files = any(os.path.isfile(os.path.join(path, f))
                    for f in SENTENCE_TRANSFORMERS_FILES)
     return describe_config(cfg, weights_bytes=weights["bytes"],
                            weights_source=weights["source"], weights_dtype=weights["dtype"],
                            sentence_transformers=st_files,
                            allow_unknown_architecture=allow_unknown_architecture,
-                           name=os.path.basename(os.path.normpath(path)))
+                           name=os.path.basename(os.path.normpath(path)),
+                           source=config_path)
 
 
 def model_summary(desc):

@@ -335,6 +335,27 @@ def _device_groups(gpu_indexes, tp, replicas_allowed, runtime):
     return [gpu_indexes[i * tp:(i + 1) * tp] for i in range(count)]
 
 
+def _tcp_port(value, what):
+    """A TCP port (1-65535) from an int or a string of digits; PlanError naming `what`."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise PlanError(f"{what} {value!r} is not a TCP port: use an integer from 1 to 65535")
+    return int(text)
+
+
+def _check_bind_address(address):
+    """PlanError unless `address` is an IP address or a name this host resolves
+    ("" and 0.0.0.0 mean every interface)."""
+    if address == "":
+        return
+    try:
+        socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, ValueError, TypeError) as exc:
+        raise PlanError(f"bind_address {address!r} is not an IP address or a name this host "
+                        f"resolves ({exc}): use an address of this host, e.g. 127.0.0.1, "
+                        "or 0.0.0.0 for every interface") from None
+
+
 def plan_instances(model, tune, *, image, image_id, container_prefix, default_port,
                    gpu_indexes, gpu_runtime, allow_replicas, base_env=None,
                    shm_size="8g", revision="unknown", model_mount_root="/models",
@@ -364,7 +385,12 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
                                 else gpu_indexes)]
     replicas_allowed = bool(model.get("replicas", allow_replicas))
     groups = _device_groups(indexes, tp, replicas_allowed, gpu_runtime)
-    port = int(model.get("port") or default_port)
+    port = _tcp_port(model.get("port") or default_port,
+                     f"port of model {model['name']!r} (its `port`, or the default port)")
+    if port + len(groups) - 1 > 65535:
+        raise PlanError(f"model {model['name']!r} has {len(groups)} replicas on ports {port} "
+                        f"to {port + len(groups) - 1}, above 65535: give it a lower `port`")
+    _check_bind_address(bind_address)
     mount = f"{model_mount_root.rstrip('/')}/{slug(model['name'])}"
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     env.update({str(k): str(v) for k, v in (base_env or {}).items()})
@@ -439,6 +465,10 @@ def port_is_free(address, port):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((address, port))
+        except (socket.gaierror, ValueError, TypeError) as exc:  # a wrong address
+            raise PlanError(f"bind_address {address!r} is not an IP address or a name this "
+                            f"host resolves ({exc}): use an address of this host, e.g. "
+                            "127.0.0.1") from None
         except OSError:
             return False
     return True

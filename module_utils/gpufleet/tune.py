@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 import re
 
+from .arch import ARCHITECTURES, ArchError, architecture, parse_compute_capability
+
 __all__ = [
     "NoFitError",
     "TuneError",
@@ -83,7 +85,7 @@ FLAG_CHANGES = [
 # re-read there.
 QUANT_MIN_CAPABILITY = {"awq": (7, 5), "gptq": (6, 0), "fp8": (8, 0)}
 # Below 8.9 there is no FP8 hardware: vLLM runs FP8 weights weight-only (Marlin).
-FP8_NATIVE_CAPABILITY = (8, 9)
+# Which GPUs have FP8 units (and bf16) is gpufleet.arch's `fp8` (`bf16`) column.
 # V1 attention backends reject an fp8 KV cache below SM89 (vllm-project/vllm issues
 # #26431 on an RTX 3090 with v0.11: "type fp8e4nv not supported in this architecture";
 # #47549 on SM75 with v0.24: "FP8 KV cache is not supported by the Triton attention
@@ -141,11 +143,18 @@ def default_gpu_memory_utilization(version):
 
 
 def _capability(text):
+    """(major, minor) of a compute capability the architecture table knows."""
     try:
-        major, minor = str(text).split(".")[:2]
-        return int(major), int(minor)
-    except (ValueError, AttributeError) as exc:
-        raise TuneError(f"compute_capability {text!r} is not like \"8.9\"") from exc
+        cc = parse_compute_capability(text)
+        architecture(cc)
+    except ArchError as exc:
+        raise TuneError(f"compute_capability: {exc}") from None
+    return cc
+
+
+def _has(cc, feature):
+    """gpufleet.arch's `bf16` / `fp8` column for a (known) compute capability."""
+    return ARCHITECTURES[architecture(cc)][feature]
 
 
 # ---------------------------------------------------------------------------
@@ -404,7 +413,7 @@ def _served_dtype(model, cc, requested, reasons, cpu):
         if requested not in ("bfloat16", "float16", "float32"):
             raise TuneError(f"dtype {requested!r} is not auto, bfloat16, float16 or "
                             "float32")
-        if requested == "bfloat16" and cc is not None and cc < (8, 0):
+        if requested == "bfloat16" and cc is not None and not _has(cc, "bf16"):
             raise TuneError(
                 f"dtype bfloat16 needs compute capability >= 8.0 and this GPU has "
                 f"{cc[0]}.{cc[1]} (gpu_worker.py _check_if_gpu_supports_dtype); use "
@@ -419,7 +428,7 @@ def _served_dtype(model, cc, requested, reasons, cpu):
         reasons.append("dtype bfloat16: the CPU backend runs 16-bit models in bfloat16.")
         return "bfloat16", 2
     wanted = model["torch_dtype"]
-    if wanted in ("bfloat16", "float32") and cc >= (8, 0):
+    if wanted in ("bfloat16", "float32") and _has(cc, "bf16"):
         reasons.append(f"dtype bfloat16: the checkpoint is {wanted} and compute "
                        f"capability {cc[0]}.{cc[1]} >= 8.0 supports bfloat16.")
         return "bfloat16", 2
@@ -437,7 +446,7 @@ def _kv_dtype(requested, allow_fp8, cc, version, cpu, reasons):
     if requested not in KV_DTYPE_BYTES:
         raise TuneError(f"kv_cache_dtype {requested!r} is not one of "
                         f"{', '.join(KV_DTYPE_BYTES)}")
-    if requested in FP8_KV_DTYPES and not cpu and cc < FP8_NATIVE_CAPABILITY:
+    if requested in FP8_KV_DTYPES and not cpu and not _has(cc, "fp8"):
         if version_at_least(version, V1_DEFAULT_SINCE):
             raise TuneError(
                 f"kv_cache_dtype {requested} is refused on compute capability "
@@ -451,7 +460,7 @@ def _kv_dtype(requested, allow_fp8, cc, version, cpu, reasons):
     if requested != "auto":
         reasons.append(f"kv_cache_dtype {requested}: set by the user.")
         return requested
-    if allow_fp8 and not cpu and cc >= FP8_NATIVE_CAPABILITY:
+    if allow_fp8 and not cpu and _has(cc, "fp8"):
         reasons.append(f"kv_cache_dtype fp8: allowed by the user and compute capability "
                        f"{cc[0]}.{cc[1]} has native FP8; halves KV bytes per token.")
         return "fp8"
@@ -474,7 +483,7 @@ def _check_quantization(model, cc, reasons):
     if need and cc < need:
         raise TuneError(f"{method} weights need compute capability >= {need[0]}.{need[1]} "
                         f"in vLLM; this GPU has {cc[0]}.{cc[1]}")
-    if method == "fp8" and cc < FP8_NATIVE_CAPABILITY:
+    if method == "fp8" and not _has(cc, "fp8"):
         reasons.append(f"fp8 weights on compute capability {cc[0]}.{cc[1]}: vLLM runs them "
                        "weight-only (Marlin), without FP8 compute.")
     else:
@@ -507,6 +516,27 @@ def _translate_extra_args(extra_args, version, reasons):
 # The planner
 # ---------------------------------------------------------------------------
 
+def _int_option(value, name, minimum=1, text=""):
+    """An integer option (an int, or a string of digits from YAML) >= minimum; booleans
+    and fractions are refused with the accepted range."""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value.strip())
+    if number is None or number < minimum:
+        raise TuneError(f"{name} {value!r} is refused: it must be an integer >= {minimum}"
+                        f"{text} (not a boolean, a fraction or other text)")
+    return number
+
+
+def _tp_option(value):
+    """tensor_parallel_size: "auto" or an integer >= 1."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return _int_option(value, "tensor_parallel_size", text=", or auto")
+
+
 def _check_options(model, devices, max_model_len, target_concurrency,
                    gpu_memory_utilization, kv_cache_memory_bytes, vllm_version,
                    allow_long_context):
@@ -517,6 +547,9 @@ def _check_options(model, devices, max_model_len, target_concurrency,
                         "gpus (ansible_facts.gpu.devices) for a GPU host, or "
                         "kv_cache_memory_bytes for vLLM's CPU backend")
     if kv_cache_memory_bytes is not None:
+        if isinstance(kv_cache_memory_bytes, bool):
+            raise TuneError("kv_cache_memory_bytes must be a positive number of bytes, not "
+                            "a boolean")
         kv_cache_memory_bytes = int(kv_cache_memory_bytes)
         if kv_cache_memory_bytes <= 0:
             raise TuneError("kv_cache_memory_bytes must be a positive number of bytes")
@@ -524,25 +557,30 @@ def _check_options(model, devices, max_model_len, target_concurrency,
         if not version_at_least(vllm_version, since):
             raise TuneError(f"vLLM {vllm_version} has no --kv-cache-memory-bytes (added in "
                             f"{since}); use gpu_memory_utilization or a newer vLLM")
-    if target_concurrency is not None and int(target_concurrency) < 1:
-        raise TuneError("target_concurrency must be >= 1")
+    if isinstance(target_concurrency, bool) or (
+            target_concurrency is not None and int(target_concurrency) < 1):
+        raise TuneError(f"target_concurrency {target_concurrency!r} is refused: "
+                        "target_concurrency must be >= 1 (an integer)")
     if model.get("weights_bytes") is None:
         raise TuneError("the model's weight bytes are unknown: give model_path with "
                         "safetensors files, or weights_bytes")
     util = gpu_memory_utilization
+    if isinstance(util, bool):
+        raise TuneError("gpu_memory_utilization must be a number in (0, 1], not a boolean")
     util = float(default_gpu_memory_utilization(vllm_version) if util is None else util)
     if not 0 < util <= 1:
         raise TuneError("gpu_memory_utilization must be in (0, 1]")
     limit = model_max_len(model)
     wanted = None
     if str(max_model_len).lower() != "auto":
-        try:
-            wanted = int(max_model_len)
-        except (TypeError, ValueError) as exc:
-            raise TuneError(f"max_model_len {max_model_len!r} is not an integer or "
-                            "'auto'") from exc
-        if wanted < 1:
+        if isinstance(max_model_len, int) and not isinstance(max_model_len, bool) and \
+                max_model_len < 1:
             raise TuneError("max_model_len must be >= 1")
+        try:
+            wanted = _int_option(max_model_len, "max_model_len", text=", or auto")
+        except TuneError as exc:
+            raise TuneError(f"max_model_len {max_model_len!r} is not an integer or "
+                            f"'auto': {exc}") from None
         if wanted > limit and not allow_long_context:
             raise TuneError(
                 f"max_model_len {wanted:,} is above the model's context of {limit:,} "
@@ -732,6 +770,10 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     input and NoFitError (with `nearest` and the partial result) when nothing fits.
     """
     reasons = []
+    tensor_parallel_size = _tp_option(tensor_parallel_size)
+    if overhead_bytes is not None:
+        overhead_bytes = _int_option(overhead_bytes, "overhead_bytes", minimum=0,
+                                     text=" (bytes per GPU)")
     devices = _check_gpus(gpus or [])
     opts = _check_options(model, devices, max_model_len, target_concurrency,
                           gpu_memory_utilization, kv_cache_memory_bytes, vllm_version,
