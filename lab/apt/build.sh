@@ -71,8 +71,9 @@ exec sleep infinity"; }
 # ---- Driver branches (CUDA repo for debian12; Ubuntu's has the same versioned metas).
 # driver version -> newest CUDA it supports (nvidia-smi "CUDA Version").
 # 580.65.06 and 580.95.05 are both published so that "no upgrade without the variable"
-# can be shown; 535 and 550 are older branches to upgrade from.
-DRIVERS=("535.129.03 12.2" "550.127.05 12.4" "580.65.06 13.0" "580.95.05 13.0")
+# can be shown; 535 and 550 are older branches to upgrade from, 590 (pinning package and
+# unversioned metas) a newer one to upgrade to.
+DRIVERS=("535.129.03 12.2" "550.127.05 12.4" "580.65.06 13.0" "580.95.05 13.0" "590.44.01 13.1")
 for entry in "${DRIVERS[@]}"; do
   read -r drv cuda <<<"$entry"
   branch=${drv%%.*}
@@ -109,6 +110,17 @@ Replaces: $other"
   pkg "$CUDA_REPO" "nvidia-open-$branch" "$v" amd64 "nvidia-driver (= $v), nvidia-kernel-open-dkms (= $v)"
   newpkg "cuda-drivers-$branch" "$v"
   pkg "$CUDA_REPO" "cuda-drivers-$branch" "$v" amd64 "nvidia-driver (= $v), nvidia-kernel-dkms (= $v)"
+  # From R590 NVIDIA's repositories choose the branch with nvidia-driver-pinning-<branch>
+  # and unversioned metas (nvidia-open, cuda-drivers) of the branch's versions.
+  if ((branch >= 590)); then
+    # (The stand-in carries no preferences file: the role pins the version itself.)
+    newpkg "nvidia-driver-pinning-$branch" "$v"
+    pkg "$CUDA_REPO" "nvidia-driver-pinning-$branch" "$v" all ""
+    newpkg nvidia-open "$v"
+    pkg "$CUDA_REPO" nvidia-open "$v" amd64 "nvidia-driver (= $v), nvidia-kernel-open-dkms (= $v)"
+    newpkg cuda-drivers "$v"
+    pkg "$CUDA_REPO" cuda-drivers "$v" amd64 "nvidia-driver (= $v), nvidia-kernel-dkms (= $v)"
+  fi
 
   newpkg "nvidia-fabricmanager-$branch" "$v"
   daemon /usr/bin/nv-fabricmanager
