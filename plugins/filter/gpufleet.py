@@ -1,8 +1,8 @@
-"""Filters for playbooks/upgrade.yml: thin wrappers of module_utils/gpufleet/upgrade.py.
+"""gpufleet's filters: thin wrappers of module_utils/gpufleet (upgrade.py, serve.py).
 
-They run on the control node and only compute (no host is contacted), so the upgrade's
-decisions (batches, what changes, gates, rollback variables) stay plain, unit-tested
-Python (tests/unit/test_upgrade.py) instead of Jinja.
+They run on the control node and only compute (no host is contacted), so decisions
+(batches, what changes, gates, rollback variables, an instance's address) stay plain,
+unit-tested Python (tests/unit/test_upgrade.py, test_serve.py) instead of Jinja.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from gpufleet import upgrade  # noqa: E402  (the repository's module_utils)
+from gpufleet import serve, upgrade  # noqa: E402  (the repository's module_utils)
 
 
 def _wrap(func):
@@ -48,4 +48,5 @@ class FilterModule:
             "gpufleet_soak_verdict": _wrap(upgrade.soak_verdict),
             "gpufleet_build_record": _wrap(upgrade.build_record),
             "gpufleet_rollback_vars": _wrap(upgrade.rollback_vars),
+            "gpufleet_local_url": serve.local_url,
         }
