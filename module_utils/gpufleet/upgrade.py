@@ -267,8 +267,17 @@ def probe_verdict(before, after, max_latency_ratio=2.0, max_latency_increase_ms=
 
 def soak_verdict(deltas, bad_statuses, max_5xx=0, max_retries=0, max_check_failures=0):
     """The soak window after re-enabling: counters that grew at the gateway for the
-    host's servers (deltas: {server: {hrsp_5xx, wretr, wredis, chkfail, eresp}}) and any
-    status seen that was not UP (bad_statuses: {server: [status, ...]})."""
+    host's servers (deltas: {server: {hrsp_5xx, wretr, wredis, chkfail, eresp}}, or
+    vllm_gateway_stats' list of {backend, server, ...}) and any status seen that was not
+    UP (bad_statuses: {server: [status, ...]}, or its list of {backend, server, status})."""
+    if isinstance(deltas, list):  # vllm_gateway_stats: [{backend, server, counters...}]
+        deltas = {f"{d.get('backend')}/{d.get('server')}": d for d in deltas}
+    if isinstance(bad_statuses, list):  # [{backend, server, status, at}]
+        grouped = {}
+        for item in bad_statuses:
+            grouped.setdefault(f"{item.get('backend')}/{item.get('server')}", []).append(
+                str(item.get("status")))
+        bad_statuses = grouped
     reasons, ok = [], True
     for server, delta in sorted((deltas or {}).items()):
         for key, limit, what in (("hrsp_5xx", max_5xx, "5xx answers"),

@@ -110,6 +110,12 @@ def test_soak_verdict():
     assert upgrade.soak_verdict({"h_1": {"hrsp_5xx": 2}}, {}, max_5xx=2)["ok"]
     bad = upgrade.soak_verdict(quiet, {"h_1": ["DOWN"]})
     assert not bad["ok"] and "status DOWN" in bad["reasons"][0]
+    # the shape vllm_gateway_stats returns
+    listed = upgrade.soak_verdict([{"backend": "chat", "server": "h_1", "hrsp_5xx": 0, "wretr": 3}],
+                                  [{"backend": "chat", "server": "h_1", "status": "DOWN 1/2", "at": 3}])
+    assert not listed["ok"] and listed["reasons"] == [
+        "chat/h_1: 3 retries during the soak window (limit 0)",
+        "chat/h_1: status DOWN 1/2 during the soak window"]
 
 
 def test_parse_metrics_and_idle_counts():

@@ -1,0 +1,221 @@
+"""Fleet upgrades under load on the real lab: gateway, canary, gates, rollback, reboot.
+
+Real software only: the lab (scripts/lab.sh run: Debian 12 containers booting systemd,
+the stand-in NVIDIA repositories, olah and nginx mirrors, vLLM CPU serving SmolLM2 on
+lab-h200 and lab-a10g and MiniLM on lab-a100, HAProxy from Debian on lab-gw). Stand-ins,
+as the README says: the GPUs (captured nvidia-smi XML), NVIDIA's repositories, the hub.
+
+A bounded load generator (tests/load/loadgen.py) sends completions through the gateway
+for the whole of each upgrade and checks every response (HTTP 200, a complete body with a
+finished choice and generated tokens). Each case prints its totals. The control case sends
+the same load straight to one instance while site.yml replaces it (what happened before
+the gateway): it must see failures, so the zero of the other cases can fail.
+
+The cases run in order on one lab (each starts from the state the previous left) and take
+about 20 minutes on 2 cores; the lab is removed at the end.
+"""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from load.loadgen import Load  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+INVENTORY = ROOT / "inventories/lab/hosts.yml"
+CHAT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+GATEWAY = "http://127.0.0.1:19000"
+DIRECT = "http://127.0.0.1:18000"  # lab-h200's own port: the path before the gateway
+CHAT_CONTAINERS = {"lab-h200": f"vllm-lab-h200-{CHAT.lower().replace('/', '-')}",
+                   "lab-a10g": f"vllm-lab-a10g-{CHAT.lower().replace('/', '-')}"}
+# Quick gates for the test (the defaults are longer): 3 probe requests, 10 s soak.
+FAST = {"fleet_upgrade_probe_requests": 3, "fleet_upgrade_soak_seconds": 10}
+
+
+def chat_models(max_model_len=2048, extra_args=("--enforce-eager",)):
+    """The lab's chat model entry (inventories/lab/group_vars/chat_hosts) with changes."""
+    return [{"name": CHAT, "path": "{{ model_fetch_root }}/" + CHAT, "max_model_len": max_model_len,
+             "dtype": "float32", "kv_cache_memory_bytes": 268435456,
+             "extra_args": list(extra_args)}]
+
+
+def sh(*args, check=True, timeout=1800, env=None):
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+    if check and proc.returncode:
+        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n"
+                             f"{proc.stderr[-3000:]}")
+    return proc
+
+
+def playbook(name, extra=None, limit="chat_hosts", check=False):
+    args = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY), name]
+    if limit:
+        args += ["--limit", limit]
+    if extra:
+        args += ["-e", json.dumps(extra)]
+    if check:
+        args.append("--check")
+    proc = sh(*args, check=False, env={"ANSIBLE_FORCE_COLOR": "0"})
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def recap(output):
+    """{host: {ok, changed, failed, ...}} from PLAY RECAP."""
+    out = {}
+    for m in re.finditer(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",
+                         output, re.M):
+        out[m.group(1)] = {"ok": int(m.group(2)), "changed": int(m.group(3)),
+                           "unreachable": int(m.group(4)), "failed": int(m.group(5))}
+    return out
+
+
+def inspect(name):
+    data = json.loads(sh("docker", "inspect", name).stdout)[0]
+    return {"id": data["Id"], "started": data["State"]["StartedAt"],
+            "running": data["State"]["Running"], "cmd": data["Config"]["Cmd"],
+            "image": data["Image"],
+            "hash": data["Config"]["Labels"].get("org.gpufleet.settings-hash")}
+
+
+def key():
+    return (ROOT / ".cache/lab/api-key").read_text().strip()
+
+
+def under_load(url, action, **load_kw):
+    """Run action() while the load generator sends requests to url; print the totals."""
+    load = Load(url, key(), CHAT, clients=2, **load_kw).start()
+    try:
+        result = action()
+    finally:
+        totals = load.stop()
+    print(f"\n[load] {url}: sent {totals['sent']}, failed {totals['failed']} "
+          f"(ok {totals['ok']}, {totals['seconds']} s, p50 {totals['p50_s']} s, "
+          f"max {totals['max_s']} s); first failures: {totals['failures'][:3]}")
+    return result, totals
+
+
+@pytest.fixture(scope="module")
+def lab():
+    if sh("docker", "image", "inspect", "gpufleet/vllm-cpu:lab", check=False).returncode:
+        pytest.fail("needs gpufleet/vllm-cpu:lab (scripts/lab.sh images builds it)")
+    run = sh("bash", "scripts/lab.sh", "run", check=False, timeout=2400)
+    output = run.stdout + run.stderr
+    try:
+        yield {"rc": run.returncode, "output": output}
+    finally:
+        sh("docker", "rmi", "gpufleet/vllm-cpu:lab-next", check=False)
+        sh("bash", "scripts/lab.sh", "down", check=False, timeout=900)
+
+
+def test_lab_run_serves_through_the_gateway(lab):
+    out = lab["output"]
+    assert lab["rc"] == 0, out[-6000:]
+    assert "REFUSED by preflight: needs CUDA 13.0, driver gives 12.2" in out
+    assert re.search(r"gateway lab-gw http://127\.0\.0\.1:19000 -> " + re.escape(CHAT)
+                     + r" \(lab-a10g, lab-h200\): \S", out), out[-3000:]
+    assert key() not in out
+
+
+def test_upgrade_check_mode_prints_the_plan_and_changes_nothing(lab):
+    before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    rc, out = playbook("playbooks/upgrade.yml", dict(FAST, vllm_server_models=chat_models(1024)),
+                       check=True)
+    assert rc == 0, out[-5000:]
+    assert "2 batches: 1. lab-h200 (canary); 2. lab-a10g" in out
+    assert re.search(r"lab-h200 \(batch lab-h200\): replace vllm-lab-h200-", out), out[-4000:]
+    assert all(r["changed"] == 0 for r in recap(out).values()), recap(out)
+    assert {h: inspect(c) for h, c in CHAT_CONTAINERS.items()} == before
+
+
+def test_site_refuses_to_replace_a_serving_container_behind_the_gateway(lab):
+    before = inspect(CHAT_CONTAINERS["lab-h200"])
+    rc, out = playbook("site.yml", {"vllm_server_models": chat_models(1024)}, limit="lab-h200")
+    assert rc != 0
+    assert "which the gateway (gateways: lab-gw) still sends requests to. Nothing was changed." in out
+    assert "playbooks/upgrade.yml" in out
+    assert inspect(CHAT_CONTAINERS["lab-h200"]) == before
+
+
+def test_control_replacing_without_the_gateway_drops_requests(lab):
+    """Today's behaviour without the gateway: the instance's own port while site.yml
+    replaces its container. This must fail requests, or the zeros below prove nothing."""
+    (rc, out), totals = under_load(DIRECT, lambda: playbook(
+        "site.yml", {"vllm_server_models": chat_models(1536), "vllm_server_rolling_upgrade": True},
+        limit="lab-h200"))
+    assert rc == 0, out[-5000:]
+    assert totals["failed"] > 0, totals
+    assert "--max-model-len" in inspect(CHAT_CONTAINERS["lab-h200"])["cmd"]
+
+
+def _upgraded(extra, expect_changed=("lab-h200", "lab-a10g")):
+    before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    (rc, out), totals = under_load(GATEWAY, lambda: playbook("playbooks/upgrade.yml", dict(FAST, **extra)))
+    assert rc == 0, out[-8000:]
+    assert totals["failed"] == 0, totals
+    assert totals["sent"] >= 20, totals
+    after = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    for host in expect_changed:
+        assert after[host]["id"] != before[host]["id"] and after[host]["running"], host
+    return before, after, out
+
+
+def test_a_settings_change_drops_no_request(lab):
+    _, after, out = _upgraded({"vllm_server_models": chat_models(1024)})
+    for state in after.values():
+        assert state["cmd"][state["cmd"].index("--max-model-len") + 1] == "1024"
+    assert "soak window of 10 s: no errors, retries or failed checks" in out
+
+
+def test_b_an_image_change_drops_no_request(lab):
+    sh("bash", "-c", "printf 'FROM gpufleet/vllm-cpu:lab\\nLABEL org.gpufleet.lab.release=next\\n' "
+       "| docker build -q -t gpufleet/vllm-cpu:lab-next -")
+    new_id = json.loads(sh("docker", "image", "inspect", "gpufleet/vllm-cpu:lab-next").stdout)[0]["Id"]
+    _, after, _ = _upgraded({"vllm_server_models": chat_models(1024),
+                             "vllm_server_image": "gpufleet/vllm-cpu:lab-next"})
+    assert all(state["image"] == new_id for state in after.values())
+
+
+def test_d_bad_args_on_the_canary_roll_back_by_themselves(lab):
+    """A tokenizer path that does not exist passes argparse (the argument check) but kills
+    vLLM at start: the canary's readiness gate fails, it is rolled back and re-enabled,
+    the second host is never touched, the playbook fails naming host and gate."""
+    before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    bad = chat_models(1024, ["--enforce-eager", "--tokenizer", "/models/no-such-tokenizer"])
+    (rc, out), totals = under_load(GATEWAY, lambda: playbook(
+        "playbooks/upgrade.yml", dict(FAST, vllm_server_models=bad,
+                                      vllm_server_image="gpufleet/vllm-cpu:lab-next")))
+    assert rc != 0
+    assert "UPGRADE STOPPED at lab-h200" in out and "rolled back to its last good state" in out
+    assert totals["failed"] == 0, totals
+    after = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    assert after["lab-a10g"] == before["lab-a10g"]
+    assert after["lab-h200"]["running"] and after["lab-h200"]["hash"] == before["lab-h200"]["hash"]
+    assert "/models/no-such-tokenizer" not in after["lab-h200"]["cmd"]
+
+
+def _pid1_start(host):
+    return sh("docker", "exec", f"gpufleet-lab-{host}", "cut", "-d", " ", "-f22",
+              "/proc/1/stat").stdout.strip()
+
+
+def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
+    boots = {h: _pid1_start(h) for h in CHAT_CONTAINERS}
+    before, after, out = _upgraded({"vllm_server_models": chat_models(1024),
+                                    "vllm_server_image": "gpufleet/vllm-cpu:lab-next",
+                                    "nvidia_driver_branch": "590"}, expect_changed=())
+    for host, container in CHAT_CONTAINERS.items():
+        assert _pid1_start(host) != boots[host], f"{host} did not reboot"
+        # its vLLM container went down with it and came back
+        assert after[host]["started"] != before[host]["started"] and after[host]["running"]
+        xml = sh("docker", "exec", f"gpufleet-lab-{host}", "nvidia-smi", "-q", "-x").stdout
+        assert "<driver_version>590.44.01</driver_version>" in xml
+    assert "NVIDIA driver 590.44.01 verified" in out
