@@ -1,0 +1,321 @@
+"""The vLLM gateway (HAProxy in front of the fleet): backends, server names, stats.
+
+Plain data in, plain data out; no Ansible imports. Used by the modules
+`vllm_gateway_plan` (which frontends and backends HAProxy renders, validated before
+anything changes) and `vllm_gateway_stats` (what the admin socket's `show stat` says),
+and by roles/vllm_gateway.
+
+The instances come from one place: the Prometheus file_sd list that roles/vllm_server
+writes on the control node (`vllm_server_file_sd_path`), one entry per serving instance:
+`{"targets": ["ADDRESS:PORT"], "labels": {"host", "container", "model",
+"served_model_name", "runner", "port"}}`. `targets[0]` is where others reach it.
+
+`show stat` columns are HAProxy's (doc/management.txt, "9.1. CSV format", 2.6):
+pxname, svname, scur, eresp, wretr, wredis, status, chkfail, hrsp_5xx...
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import socket
+import time
+
+__all__ = [
+    "COUNTERS", "GatewayError", "NAME_RE", "OK_STATUSES", "backend_name", "host_of_server",
+    "backends", "host_view", "load_instances", "parse_show_stat", "plan_gateway",
+    "read_show_stat", "safe_name", "server_name", "servers", "watch",
+]
+
+# HAProxy proxy and server names: "letters, digits, '-', '_', '.' and ':'" (configuration
+# manual 2.6, section 4 "Proxies", and `server <name>`).
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_.:-]")
+BACKEND_PREFIX = "vllm_"
+# Counters the stats module reports and whose growth a watch window measures.
+COUNTERS = ("hrsp_5xx", "eresp", "wretr", "wredis", "chkfail")
+# Statuses that are not a problem during a soak window: serving, or put aside on purpose.
+OK_STATUSES = ("UP", "DRAIN", "MAINT")
+_LABELS = ("host", "served_model_name", "port")
+
+
+class GatewayError(ValueError):
+    """The gateway cannot be configured as asked; the message says what to change."""
+
+
+# ----------------------------------------------------------------- names
+def safe_name(text):
+    """`text` with every character HAProxy refuses in a name replaced by `_`."""
+    text = str(text)
+    if not text:
+        raise GatewayError("an empty name cannot name an HAProxy backend or server")
+    return _NOT_NAME.sub("_", text)
+
+
+def server_name(host, port):
+    """The HAProxy server name of the instance of inventory host `host` on `port`:
+    `<host>_<port>`, stable across runs (no index, no order)."""
+    port = int(port)
+    if not 0 < port < 65536:
+        raise GatewayError(f"port {port} of host {host} is not a TCP port (1-65535)")
+    return f"{safe_name(host)}_{port}"
+
+
+def host_of_server(name):
+    """The (sanitized) host part of a server name made by server_name, or None."""
+    host, sep, port = str(name).rpartition("_")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host
+
+
+def backend_name(served_model_name):
+    """The HAProxy frontend and backend name of a served model: `vllm_<name>`."""
+    return BACKEND_PREFIX + safe_name(served_model_name)
+
+
+# ----------------------------------------------------------------- instances
+def load_instances(data, source="the instances file"):
+    """The instances of a vllm_server file_sd list (a JSON text or the parsed list):
+    [{host, address, port, served_model_name, model, runner, container, server}]."""
+    if isinstance(data, (str, bytes)):
+        if not str(data).strip():
+            raise GatewayError(f"{source} is empty: run the vllm_server role (it writes "
+                               "vllm_server_file_sd_path) or set vllm_gateway_instances_file")
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise GatewayError(f"{source} is not JSON ({exc}): it must be the file_sd list "
+                               "the vllm_server role writes") from None
+    if not isinstance(data, list):
+        raise GatewayError(f"{source} must be a JSON list of {{targets, labels}} entries "
+                           f"(a Prometheus file_sd list), not {type(data).__name__}")
+    instances = []
+    for index, entry in enumerate(data):
+        where = f"{source}, entry {index}"
+        if not isinstance(entry, dict):
+            raise GatewayError(f"{where} is not an object with targets and labels")
+        targets, labels = entry.get("targets"), entry.get("labels")
+        if not isinstance(targets, list) or not targets or not isinstance(targets[0], str):
+            raise GatewayError(f"{where}: targets must be a non-empty list of 'ADDRESS:PORT'")
+        if not isinstance(labels, dict):
+            raise GatewayError(f"{where}: labels must be an object with "
+                               f"{', '.join(_LABELS)}")
+        missing = [key for key in _LABELS if not str(labels.get(key, "")).strip()]
+        if missing:
+            raise GatewayError(f"{where} ({targets[0]}) has no label {', '.join(missing)}: "
+                               "write the file with the vllm_server role")
+        address, sep, port = targets[0].rpartition(":")
+        if not sep or not address or not port.isdigit() or not 0 < int(port) < 65536:
+            raise GatewayError(f"{where}: target {targets[0]!r} is not ADDRESS:PORT")
+        if str(labels["port"]) != port:
+            raise GatewayError(f"{where}: label port {labels['port']} differs from the "
+                               f"target's port in {targets[0]}")
+        instances.append({
+            "host": str(labels["host"]),
+            "address": address[1:-1] if address.startswith("[") and address.endswith("]") else address,
+            "port": int(port),
+            "target": targets[0],
+            "served_model_name": str(labels["served_model_name"]),
+            "model": str(labels.get("model", "")),
+            "runner": str(labels.get("runner", "")),
+            "container": str(labels.get("container", "")),
+            "server": server_name(labels["host"], port),
+        })
+    return instances
+
+
+# ----------------------------------------------------------------- plan
+def _port(value, what):
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise GatewayError(f"{what}: {value!r} is not a port number") from None
+    if not 0 < port < 65536:
+        raise GatewayError(f"{what}: {port} is not a TCP port (1-65535)")
+    return port
+
+
+def plan_gateway(instances, frontends, metrics_port):
+    """Frontends with their backend servers, from loaded instances and
+    vllm_gateway_frontends ([{served_model_name, port}]). Refuses a frontend whose model
+    no instance serves, two frontends for one model, a port used twice (frontends and the
+    metrics port), two backends or servers with the same name.
+    Returns {frontends: [{name, served_model_name, port, servers: [{name, address,
+    port, host, endpoint}]}], unserved: [served_model_name of instances no frontend takes]}."""
+    if not isinstance(frontends, list) or not frontends:
+        raise GatewayError("vllm_gateway_frontends is empty: list one {served_model_name, port} "
+                           "per model the gateway serves")
+    ports = {_port(metrics_port, "vllm_gateway_metrics_port"): "the metrics/stats frontend "
+             "(vllm_gateway_metrics_port)"}
+    by_model, names, planned = {}, {}, []
+    for instance in instances:
+        by_model.setdefault(instance["served_model_name"], []).append(instance)
+    for index, frontend in enumerate(frontends):
+        if not isinstance(frontend, dict) or not str(frontend.get("served_model_name") or "").strip():
+            raise GatewayError(f"vllm_gateway_frontends[{index}] needs served_model_name and port")
+        model = str(frontend["served_model_name"])
+        port = _port(frontend.get("port"), f"vllm_gateway_frontends[{index}] ({model}) port")
+        if port in ports:
+            raise GatewayError(f"port {port} of the frontend for {model} is already taken by "
+                               f"{ports[port]}: give each frontend its own port in "
+                               "vllm_gateway_frontends")
+        ports[port] = f"the frontend for {model}"
+        name = backend_name(model)
+        if name in names:
+            what = ("is listed twice" if names[name] == model
+                    else f"and {names[name]} both make the HAProxy name {name}")
+            raise GatewayError(f"vllm_gateway_frontends: {model} {what}: one frontend per "
+                               "served model")
+        names[name] = model
+        members = by_model.get(model)
+        if not members:
+            served = ", ".join(sorted(by_model)) or "none"
+            raise GatewayError(f"no instance serves {model} (vllm_gateway_frontends[{index}]): "
+                               f"the instances file lists {served}; serve it with "
+                               "vllm_server first or remove the frontend")
+        servers, seen = [], {}
+        for member in members:
+            if member["server"] in seen:
+                raise GatewayError(
+                    f"{model}: {member['target']} and {seen[member['server']]} both make "
+                    f"server {member['server']} (host {member['host']}, port "
+                    f"{member['port']}): the instances file lists one instance twice")
+            seen[member["server"]] = member["target"]
+            # HAProxy takes the last colon as the port separator, IPv6 included
+            servers.append({"name": member["server"], "address": member["address"],
+                            "port": member["port"], "host": member["host"],
+                            "endpoint": f"{member['address']}:{member['port']}"})
+        planned.append({"name": name, "served_model_name": model, "port": port,
+                        "servers": sorted(servers, key=lambda s: s["name"])})
+    unserved = sorted(set(by_model) - {f["served_model_name"] for f in planned})
+    return {"frontends": planned, "unserved": unserved}
+
+
+# ----------------------------------------------------------------- show stat
+def parse_show_stat(text):
+    """Rows of `show stat` CSV (first line `# pxname,svname,...`) as dicts; counters that
+    HAProxy leaves empty for a row type are None, numbers are ints."""
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("# pxname,svname,"):
+        first = lines[0][:80] if lines else "nothing"
+        raise GatewayError(f"not a show stat answer (it starts with {first!r}): is the "
+                           "socket HAProxy's stats socket?")
+    rows = []
+    for row in csv.DictReader([lines[0][2:]] + lines[1:]):
+        parsed = {}
+        for key, value in row.items():
+            if key is None or key == "":
+                continue
+            value = value or ""
+            parsed[key] = int(value) if value.isdigit() else (value if value else None)
+        rows.append(parsed)
+    return rows
+
+
+def servers(rows):
+    """The server rows (not FRONTEND/BACKEND) as {backend, server, host, status, scur,
+    and COUNTERS}."""
+    result = []
+    for row in rows:
+        if row.get("svname") in ("FRONTEND", "BACKEND"):
+            continue
+        entry = {"backend": row["pxname"], "server": row["svname"],
+                 "host": host_of_server(row["svname"]), "status": row.get("status"),
+                 "scur": row.get("scur") or 0}
+        entry.update({key: row.get(key) or 0 for key in COUNTERS})
+        result.append(entry)
+    return result
+
+
+def backends(rows):
+    """{backend: {status, scur, servers, up}} from the BACKEND rows and their servers."""
+    result = {}
+    for row in rows:
+        if row.get("svname") == "BACKEND":
+            result[row["pxname"]] = {"status": row.get("status"), "scur": row.get("scur") or 0,
+                                     "servers": 0, "up": 0}
+    for entry in servers(rows):
+        backend = result.setdefault(entry["backend"], {"status": None, "scur": 0,
+                                                       "servers": 0, "up": 0})
+        backend["servers"] += 1
+        backend["up"] += _is_up(entry["status"])
+    return result
+
+
+def _is_up(status):
+    # "UP", "UP 1/2" (going down, still serving); not "DOWN 1/3" (coming up), NOLB, DRAIN
+    return bool(status) and status.split()[0] == "UP"
+
+
+def host_view(rows, host):
+    """The servers of inventory host `host`, and per backend where it has one how many
+    OTHER servers are UP (the capacity left while it is out)."""
+    wanted = safe_name(host)
+    mine = [entry for entry in servers(rows) if entry["host"] == wanted]
+    others_up = {}
+    for entry in servers(rows):
+        if entry["backend"] in {m["backend"] for m in mine} and entry["host"] != wanted:
+            others_up[entry["backend"]] = others_up.get(entry["backend"], 0) + _is_up(entry["status"])
+    for entry in mine:
+        others_up.setdefault(entry["backend"], 0)
+    return {"servers": mine, "others_up": others_up}
+
+
+def read_show_stat(path, timeout=5.0):
+    """Ask HAProxy's stats socket at `path` for `show stat`; return the CSV text."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        sock.sendall(b"show stat\n")
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError as exc:
+        raise GatewayError(f"cannot read HAProxy's stats socket {path}: {exc} (is haproxy "
+                           "running with `stats socket` there, see vllm_gateway_stats_socket?)") from None
+    finally:
+        sock.close()
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _bad_status(status):
+    # exactly UP, DRAIN or MAINT (MAINT also as "MAINT (via b/s)" when tracking); a
+    # transition ("UP 1/2": a check failed; "DOWN 1/3": coming up), DOWN, NOLB... is not
+    status = status or ""
+    return status not in OK_STATUSES and not status.startswith("MAINT")
+
+
+def watch(read, seconds, host=None, interval=1.0, sleep=time.sleep):
+    """Sample `read()` (show stat CSV text) every `interval` s for `seconds` s. Returns
+    {samples, deltas: [{backend, server, COUNTERS growth, scur_max}], bad_statuses:
+    [{backend, server, status, at}] (each status not exactly UP/DRAIN/MAINT seen in the
+    window)} for the servers of `host` (all servers when None)."""
+    wanted = safe_name(host) if host else None
+    count = max(1, int(round(seconds / interval))) + 1 if seconds > 0 else 1
+    first = last = None
+    scur_max, bad = {}, []
+    for index in range(count):
+        if index:
+            sleep(interval)
+        at = round(index * interval, 1)
+        current = {(e["backend"], e["server"]): e for e in servers(parse_show_stat(read()))
+                   if wanted is None or e["host"] == wanted}
+        first = current if first is None else first
+        last = current
+        for key, entry in current.items():
+            scur_max[key] = max(scur_max.get(key, 0), entry["scur"])
+            if _bad_status(entry["status"]):
+                bad.append({"backend": key[0], "server": key[1], "status": entry["status"],
+                            "at": at})
+    deltas = []
+    for key, entry in sorted(last.items()):
+        before = first.get(key, entry)
+        delta = {"backend": key[0], "server": key[1], "scur_max": scur_max[key]}
+        delta.update({c: entry[c] - before[c] for c in COUNTERS})
+        deltas.append(delta)
+    return {"samples": count, "deltas": deltas, "bad_statuses": bad}

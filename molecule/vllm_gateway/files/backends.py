@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""STAND-IN vLLM instances for the vllm_gateway scenario: tiny HTTP servers on 127.0.0.1
+(not vLLM). Each answers GET /health with 200, and GET/POST /v1/* with JSON naming its
+own port and the Authorization header exactly as it arrived; nothing else.
+
+  backends.py start STATE PORT...   serve in the background (pid in STATE/backends.pid),
+                                     stopping by itself after --lifetime seconds
+  backends.py stop STATE            stop the process of STATE/backends.pid
+"""
+import argparse
+import http.server
+import json
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def _answer(self):
+        if self.path == "/health":
+            code, body = 200, b""
+        elif self.path.startswith("/v1/"):
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            code = 200
+            body = json.dumps({"port": self.server.server_port,
+                               "authorization": self.headers.get("Authorization")}).encode()
+        else:
+            code, body = 404, b""
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(ports, lifetime):
+    for port in ports:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    time.sleep(lifetime)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("action", choices=["start", "stop", "run"])
+    parser.add_argument("state")
+    parser.add_argument("ports", nargs="*", type=int)
+    parser.add_argument("--lifetime", type=int, default=900)
+    args = parser.parse_args()
+    state = pathlib.Path(args.state)
+    pidfile = state / "backends.pid"
+    if args.action == "stop":
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            pidfile.unlink()
+        return
+    if args.action == "run":
+        serve(args.ports, args.lifetime)
+        return
+    state.mkdir(parents=True, exist_ok=True)
+    if os.fork():
+        return
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    pidfile.write_text(str(os.getpid()))
+    serve(args.ports, args.lifetime)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
