@@ -22,7 +22,12 @@ description:
   - Retries with backoff on 5xx, 429 (honouring Retry-After), dropped and stalled
     connections.
   - Refuses to start, before writing anything, when O(dest) lacks the space the listing
-    needs plus a margin (1% + 64 MiB).
+    needs plus a margin (1% + 64 MiB), or the inodes for its files and folders.
+  - Bounded against a hostile mirror (O(max_api_bytes), O(max_listing_entries),
+    O(min_rate), O(max_file_attempts), O(max_total_retries), O(deadline)); refuses
+    revisions and listed names with quotes, backslashes, whitespace, control characters,
+    absolute paths or C(..), and never writes through a symbolic link inside O(dest)
+    (one at a file's final name is moved to quarantine and replaced).
   - Writes C(DEST/.gpufleet/manifest.json) (commit, files, sizes, hashes, mtimes,
     verification time; never the token) and, while it runs,
     C(DEST/.gpufleet/progress.json) (files and bytes done) for callers polling an async task.
@@ -48,7 +53,12 @@ options:
   token:
     description:
       - Hub access token (Bearer). Defaults to E(HF_TOKEN) of the target. Never logged nor
-        written to the manifest.
+        written to the manifest, and sent only to the O(endpoint)'s scheme, host and port
+        (not to a CDN it redirects to, nor to a listing page on another origin).
+      - Give it from a vault (O(token) set to C({{ vault_hf_token }})), or leave it unset and
+        have E(HF_TOKEN) in the target's environment. Never write the token itself on an
+        ad-hoc command line (C(ansible ... -m hf_model -a 'token=hf_...')), as ansible-core
+        prints those arguments in the task banner and the shell keeps them in its history.
     type: str
   allow_patterns:
     description: Only files matching one of these fnmatch patterns (C(dir/) means C(dir/*)).
@@ -78,9 +88,43 @@ options:
   retries:
     description:
       - Failed attempts per request before giving up. An attempt that brought new bytes
-        resets the count of a file.
+        (beyond the most that file ever had) resets the count of a file.
     type: int
     default: 5
+  max_file_attempts:
+    description:
+      - Requests for one file's bytes in a run (first try, resumes and retries) before
+        that file fails; bounds a mirror that keeps serving a file short.
+    type: int
+    default: 20
+  max_total_retries:
+    description: Failed requests retried across the whole fetch before it stops.
+    type: int
+    default: 100
+  deadline:
+    description:
+      - Seconds the whole fetch may take; past it the fetch stops, keeping partial files
+        for the next run. C(0) means no limit.
+    type: float
+    default: 86400
+  min_rate:
+    description:
+      - Bytes per second a download must average over O(timeout) seconds; a slower one is
+        cut and retried (its bytes are kept but do not count as progress). C(0) means no floor.
+    type: int
+    default: 1024
+  max_api_bytes:
+    description:
+      - Largest API answer (repo info or one page of the listing, after decompression)
+        read from the mirror; reading stops there and the fetch fails naming this option.
+    type: int
+    default: 67108864
+  max_listing_entries:
+    description:
+      - Most entries (files and folders) a repo listing may have; a longer one fails the
+        fetch before anything is written.
+    type: int
+    default: 10000
 attributes:
   check_mode:
     support: full
@@ -161,6 +205,7 @@ manifest:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import hub
 from ansible.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError, sync_repo
 
 
@@ -178,6 +223,12 @@ def main():
             verify=dict(type="str", choices=["full", "manifest"], default="manifest"),
             timeout=dict(type="float", default=30),
             retries=dict(type="int", default=5),
+            max_file_attempts=dict(type="int", default=hub.MAX_FILE_ATTEMPTS),
+            max_total_retries=dict(type="int", default=hub.MAX_TOTAL_RETRIES),
+            deadline=dict(type="float", default=hub.DEADLINE),
+            min_rate=dict(type="int", default=hub.MIN_RATE),
+            max_api_bytes=dict(type="int", default=hub.MAX_API_BYTES),
+            max_listing_entries=dict(type="int", default=hub.MAX_LISTING_ENTRIES),
         ),
         supports_check_mode=True,
     )
@@ -189,7 +240,11 @@ def main():
     if p["timeout"] <= 0 or p["retries"] < 0:
         module.fail_json(msg="timeout must be > 0 and retries >= 0.")
     try:
-        client = HubClient(endpoint, token=token, timeout=p["timeout"], retries=p["retries"])
+        client = HubClient(endpoint, token=token, timeout=p["timeout"], retries=p["retries"],
+                           max_file_attempts=p["max_file_attempts"],
+                           max_total_retries=p["max_total_retries"], deadline=p["deadline"],
+                           min_rate=p["min_rate"], max_api_bytes=p["max_api_bytes"],
+                           max_listing_entries=p["max_listing_entries"])
         result = sync_repo(client, p["repo_id"], p["revision"], p["dest"],
                            allow_patterns=p["allow_patterns"],
                            ignore_patterns=p["ignore_patterns"], verify=p["verify"],

@@ -25,16 +25,19 @@ import datetime
 import fcntl
 import fnmatch
 import hashlib
+import http.client
 import json
 import os
 import random
 import re
 import shutil
+import stat
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 import requests
 import urllib3
@@ -52,6 +55,16 @@ VERIFY_ATTEMPTS = 2  # a file whose hash mismatches is quarantined and fetched o
 MAX_RETRY_AFTER = 120.0
 MAX_BACKOFF = 30.0
 MAX_PAGES = 10000
+MAX_REDIRECTS = 10
+# Limits against a hostile or broken mirror (hf_model options of the same names).
+MAX_API_BYTES = 64 << 20  # one API answer (repo info, one listing page), decompressed
+MAX_LISTING_ENTRIES = 10000  # entries (files and folders) of one repo listing
+DEADLINE = 86400.0  # seconds the whole fetch may take (0: no limit)
+MIN_RATE = 1024  # bytes/s a download must average over `timeout` seconds (0: no floor)
+MAX_FILE_ATTEMPTS = 20  # requests for one file's bytes in a run
+MAX_TOTAL_RETRIES = 100  # failed requests retried across the whole fetch
+# Inodes demanded beyond the files and folders a fetch creates (state files, temp files).
+INODE_MARGIN = 64
 # Free space demanded beyond the bytes still to download: 1% of them plus 64 MiB.
 SPACE_MARGIN_FRACTION = 0.01
 SPACE_MARGIN_BYTES = 64 << 20
@@ -59,6 +72,10 @@ SPACE_MARGIN_BYTES = 64 << 20
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+# Never in a revision or a listed file name: quotes, backslashes, whitespace (Unicode too)
+# and control characters (C0, DEL, C1).
+_UNSAFE_NAME_CHARS = re.compile(r"[\s\"'`\\\x00-\x1f\x7f-\x9f]")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 VERIFY_MODES = ("full", "manifest")
 
 
@@ -68,6 +85,25 @@ class HubError(ValueError):
 
 class DiskSpaceError(HubError):
     """dest lacks the space the listing needs; raised before anything is written."""
+
+
+class UnsafePathError(HubError):
+    """A name or path that could leave its root (dest, the site root) or inject lines."""
+
+
+class ShortFileError(HubError):
+    """The mirror's copy of a file is shorter than the listing says."""
+
+    def __init__(self, path, have, size, how):
+        super().__init__(
+            f"{path}: the mirror's copy is short: it has {have} of the {size} bytes the "
+            f"listing gives ({how}). The {have} bytes received are kept in "
+            f"{STATE_DIR}/incomplete/; fix the mirror's copy or fetch from another mirror.")
+        self.path, self.have, self.size = path, have, size
+
+
+class DeadlineError(HubError):
+    """The fetch ran past its deadline."""
 
 
 class VerificationError(HubError):
@@ -85,9 +121,10 @@ class VerificationError(HubError):
 class _Transient(Exception):
     """A failure worth retrying (5xx, 429, dropped or stalled connection, short body)."""
 
-    def __init__(self, msg, retry_after=None):
+    def __init__(self, msg, retry_after=None, slow=False):
         super().__init__(msg)
         self.retry_after = retry_after
+        self.slow = slow  # slower than min_rate: bytes it brought do not count as progress
 
 
 @dataclass(frozen=True)
@@ -128,20 +165,90 @@ def normalize_endpoint(endpoint):
 
 def redact_url(url):
     """The URL without user:password, for messages and the manifest."""
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
-    return urlunsplit(parts)
+    try:
+        parts = urlsplit(url)
+        if parts.username or parts.password:
+            parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
+        return urlunsplit(parts)
+    except ValueError:
+        return _scrub(str(url))
+
+
+def _scrub(text):
+    """Credentials (user:password@) out of any text that may hold a URL."""
+    return re.sub(r"//[^/@\s'\"]*@", "//", str(text))
+
+
+def origin(url):
+    """(scheme, host, port) of an http(s) URL; HubError for anything else."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise HubError(f"{redact_url(url)} is not a valid URL.") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise HubError(f"{redact_url(url)} is not an http(s) URL.")
+    return scheme, parts.hostname.lower(), port or _DEFAULT_PORTS[scheme]
+
+
+def validate_name(value, what):
+    """The one check of a revision or a listed file name (hf_model, hf_mirror_index).
+
+    What the Hub allows (git ref and path rules): no quotes, backslashes, whitespace,
+    control characters or newlines, no absolute path, no empty, '.' or '..' component
+    (and, as git refs, no '..' anywhere in a revision). Raises UnsafePathError.
+    """
+    problem = None
+    if not isinstance(value, str) or not value:
+        problem = "empty or not a string"
+    elif _UNSAFE_NAME_CHARS.search(value):
+        problem = "quotes, backslashes, whitespace or control characters"
+    elif value.startswith("/"):
+        problem = "an absolute path"
+    elif any(p in ("", ".", "..") for p in value.split("/")):
+        problem = "an empty, '.' or '..' component"
+    elif what == "revision" and ".." in value:
+        problem = "'..'"
+    if problem:
+        raise UnsafePathError(f"unsafe {what} {value!r} ({problem}): the Hub allows none of "
+                              "these; refusing it.")
+    return value
 
 
 def safe_relpath(path):
     """A listing path must stay inside dest and outside our state folder."""
-    if (not isinstance(path, str) or not path or path.startswith("/") or "\\" in path
-            or "\0" in path):
-        raise HubError(f"the listing names an unsafe path {path!r}; refusing to write it.")
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts) or parts[0] == STATE_DIR:
-        raise HubError(f"the listing names an unsafe path {path!r}; refusing to write it.")
+    validate_name(path, "path")
+    if path.split("/")[0] == STATE_DIR:
+        raise UnsafePathError(f"unsafe path {path!r} (the state folder {STATE_DIR}); "
+                              "refusing it.")
+    return path
+
+
+def path_under(root, rel, final_may_be_link=False):
+    """root/rel, checked before it is opened: no existing component below root is a
+    symbolic link (the last one may be when final_may_be_link: it is then replaced or
+    removed, never followed) and the path resolves under root. Raises UnsafePathError."""
+    parts = validate_name(rel, "path").split("/")
+    path = root
+    for i, part in enumerate(parts):
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            break
+        except NotADirectoryError:
+            raise UnsafePathError(f"{path}: a file stands where a folder is needed; "
+                                  "remove it and run again.") from None
+        if stat.S_ISLNK(st.st_mode) and not (final_may_be_link and i == len(parts) - 1):
+            raise UnsafePathError(
+                f"{path} is a symbolic link inside {root}; gpufleet never writes through "
+                "links there: remove it (or make it a real folder) and run again.")
+    path = os.path.join(root, *parts)
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.dirname(path) if final_may_be_link else path)
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise UnsafePathError(f"{path} resolves to {real}, outside {root}; refusing it.")
     return path
 
 
@@ -149,10 +256,15 @@ def parse_tree(items):
     """Tree API entries -> RepoFile list (directories skipped)."""
     files = []
     for item in items:
+        if not isinstance(item, dict):
+            raise HubError(f"the listing has an entry that is not an object ({item!r:.80}); "
+                           "the mirror does not serve the tree API.")
         if item.get("type") != "file":
             continue
         path = safe_relpath(item.get("path"))
         lfs = item.get("lfs") or None
+        if lfs and not isinstance(lfs, dict):
+            lfs = {}
         if lfs:
             algorithm, digest = "sha256", str(lfs.get("oid") or lfs.get("sha256") or "")
             size = lfs.get("size", item.get("size"))
@@ -160,7 +272,7 @@ def parse_tree(items):
         else:
             algorithm, digest, size = "sha1", str(item.get("oid") or ""), item.get("size")
             ok = _HEX40.match(digest)
-        if not ok or not isinstance(size, int) or size < 0:
+        if not ok or not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise HubError(f"the listing entry for {path!r} has no usable size/hash "
                            f"({item!r}); the mirror does not serve the tree API with hashes.")
         files.append(RepoFile(path, size, algorithm, digest))
@@ -185,33 +297,120 @@ def filter_files(files, allow_patterns=None, ignore_patterns=None):
 # ---------------------------------------------------------------- HTTP client
 
 class HubClient:
-    """requests-based client with retries (backoff, Retry-After) for the HF API subset."""
+    """requests-based client with retries (backoff, Retry-After) for the HF API subset.
+
+    Hostile mirrors are bounded: the token goes only to the endpoint's origin (scheme,
+    host, port), redirects are followed by hand (at most MAX_REDIRECTS, no loops, http(s)
+    only), an API answer is read up to max_api_bytes (decompressed), a download slower
+    than min_rate over `timeout` seconds is cut, retries are limited per request
+    (retries), per file (max_file_attempts) and per fetch (max_total_retries), and the
+    whole fetch has a deadline. start() (called by sync_repo) starts the clock.
+    """
 
     def __init__(self, endpoint, token=None, timeout=30.0, retries=5, backoff=1.0,
-                 session=None):
+                 session=None, max_api_bytes=MAX_API_BYTES,
+                 max_listing_entries=MAX_LISTING_ENTRIES, deadline=DEADLINE,
+                 min_rate=MIN_RATE, max_file_attempts=MAX_FILE_ATTEMPTS,
+                 max_total_retries=MAX_TOTAL_RETRIES):
         self.endpoint = normalize_endpoint(endpoint)
+        self.origin = origin(self.endpoint)
         self.timeout = float(timeout)
         self.retries = int(retries)
         self.backoff = float(backoff)
+        self.max_api_bytes = int(max_api_bytes)
+        self.max_listing_entries = int(max_listing_entries)
+        self.deadline = float(deadline or 0)
+        self.min_rate = float(min_rate or 0)
+        self.max_file_attempts = int(max_file_attempts)
+        self.max_total_retries = int(max_total_retries)
+        for name in ("timeout", "max_api_bytes", "max_listing_entries", "max_file_attempts"):
+            if getattr(self, name) <= 0:
+                raise HubError(f"{name} must be > 0.")
+        for name in ("retries", "backoff", "deadline", "min_rate", "max_total_retries"):
+            if getattr(self, name) < 0:
+                raise HubError(f"{name} must be >= 0.")
         self.session = session or requests.Session()
         self.session.headers["User-Agent"] = "gpufleet-hf_model/1"
-        if token:
-            # requests drops Authorization when a redirect goes to another host (LFS CDN).
-            self.session.headers["Authorization"] = f"Bearer {token}"
+        # Not a session header: open() adds it only to requests for the endpoint's origin.
+        self._token = token or None
+        self._lock = threading.Lock()
+        self.api_bytes = 0  # decompressed bytes of API answers read (tests, reports)
+        self.start()
+
+    def start(self):
+        """Start the fetch's deadline and its budget of retries."""
+        with self._lock:
+            self._deadline_at = time.monotonic() + self.deadline if self.deadline else None
+            self._retries_left = self.max_total_retries
+
+    def time_left(self):
+        """Seconds before the deadline (None: no deadline); DeadlineError once past it."""
+        if self._deadline_at is None:
+            return None
+        left = self._deadline_at - time.monotonic()
+        if left <= 0:
+            raise DeadlineError(
+                f"gave up: the fetch ran past its deadline ({self.deadline:g} s); partial "
+                f"files are kept in {STATE_DIR}/incomplete/ for the next run: run again or "
+                "raise deadline.")
+        return left
+
+    def same_origin(self, url):
+        try:
+            return origin(url) == self.origin
+        except HubError:
+            return False
 
     # -- one attempt -------------------------------------------------------------
-    def open(self, url, headers=None, stream=False, params=None):
-        """One GET. Returns the response (2xx/416) or raises _Transient / HubError."""
-        try:
-            resp = self.session.get(url, headers=headers, params=params, stream=stream,
-                                    timeout=self.timeout, allow_redirects=True)
-        except (requests.ConnectionError, requests.Timeout,
-                requests.exceptions.ChunkedEncodingError,
-                requests.exceptions.ContentDecodingError) as exc:
-            raise _Transient(f"connection to {redact_url(url)} failed: "
-                             f"{type(exc).__name__}") from None
+    def open(self, url, headers=None, params=None, allow_416=False, encoding="identity"):
+        """One GET (redirects followed here). Returns the streamed response (2xx, or 416
+        when allow_416) or raises _Transient / HubError. The caller closes it."""
+        first, seen = url, {url}
+        for _ in range(MAX_REDIRECTS + 1):
+            origin(url)  # http(s) only
+            hdrs = {"Accept-Encoding": encoding, **(headers or {})}
+            if self._token and self.same_origin(url):
+                hdrs["Authorization"] = f"Bearer {self._token}"
+            left = self.time_left()
+            try:
+                resp = self.session.get(url, headers=hdrs, params=params, stream=True,
+                                        allow_redirects=False,
+                                        timeout=self.timeout if left is None
+                                        else min(self.timeout, left))
+            except (requests.ConnectionError, requests.Timeout,
+                    requests.exceptions.ChunkedEncodingError,
+                    requests.exceptions.ContentDecodingError) as exc:
+                raise _Transient(f"connection to {redact_url(url)} failed: "
+                                 f"{type(exc).__name__}") from None
+            except (requests.RequestException, urllib3.exceptions.HTTPError,
+                    http.client.HTTPException, OSError, ValueError) as exc:
+                raise HubError(f"request to {redact_url(url)} failed: "
+                               f"{type(exc).__name__}: {_scrub(exc)}") from None
+            if not resp.is_redirect:
+                break
+            try:
+                target = self.session.get_redirect_target(resp)
+                resp.close()
+                nxt = urljoin(resp.url, target)
+            except (ValueError, UnicodeError):
+                raise HubError(f"{redact_url(url)} redirected to an unreadable Location; "
+                               "check the mirror.") from None
+            try:
+                origin(nxt)
+            except HubError:
+                raise HubError(f"{redact_url(url)} redirected to {redact_url(nxt)}, not an "
+                               "http(s) URL; refusing to follow it.") from None
+            if nxt in seen:
+                raise HubError(f"{redact_url(first)}: redirect loop (back to "
+                               f"{redact_url(nxt)}); check the mirror.")
+            seen.add(nxt)
+            url, params = nxt, None
+        else:
+            resp.close()
+            raise HubError(f"{redact_url(first)}: more than {MAX_REDIRECTS} redirects; "
+                           "check the mirror.")
         code = resp.status_code
-        if code < 400 or code == 416:
+        if 200 <= code < 300 or (code == 416 and allow_416):
             return resp
         retry_after = _retry_after(resp.headers.get("Retry-After"))
         resp.close()
@@ -226,29 +425,94 @@ class HubClient:
         raise HubError(f"{redact_url(url)} answered {code} {error_code}".rstrip()
                        + f": {hint}.")
 
-    def wait(self, attempt, retry_after=None):
+    def iter_body(self, resp, url, room):
+        """The decoded body of resp in pieces, at most `room` bytes in all (the rest is
+        never read). Decodes gzip/deflate itself, never more than a chunk at a time, so a
+        compression bomb costs no memory. Raises _Transient when the connection drops,
+        stalls (timeout) or averages less than min_rate over `timeout` seconds."""
+        decoder = _Decoder(resp.headers.get("Content-Encoding"), url)
+        read1 = getattr(resp.raw, "read1", None)
+        t0, n0 = time.monotonic(), 0
+        while room > 0:
+            self.time_left()
+            try:
+                raw = (read1(CHUNK, decode_content=False) if read1 else
+                       resp.raw.read(LEGACY_CHUNK, decode_content=False))
+            except (requests.RequestException, urllib3.exceptions.HTTPError,
+                    http.client.HTTPException, OSError, ValueError) as exc:
+                raise _Transient(f"connection to {redact_url(url)} lost "
+                                 f"({type(exc).__name__})") from None
+            for piece in decoder.feed(raw, room):
+                room -= len(piece)
+                yield piece
+            if not raw:
+                return
+            n0 += len(raw)
+            now = time.monotonic()
+            if self.min_rate and now - t0 >= self.timeout:
+                if n0 < self.min_rate * (now - t0):
+                    raise _Transient(f"{redact_url(url)} sent {n0 / (now - t0):.0f} bytes/s "
+                                     f"over {now - t0:.1f} s, below min_rate "
+                                     f"({self.min_rate:g})", slow=True)
+                t0, n0 = now, 0
+
+    def wait(self, attempt, retry_after=None, reason="a request failed"):
+        """Sleep before retry `attempt`; HubError when the fetch's retries are spent or
+        the wait would pass the deadline."""
+        with self._lock:
+            if self._retries_left <= 0:
+                raise HubError(f"{reason}; gave up: the fetch spent its "
+                               f"{self.max_total_retries} retries (max_total_retries). "
+                               "Check the mirror or raise max_total_retries.")
+            self._retries_left -= 1
         if retry_after is not None:
             delay = min(retry_after, MAX_RETRY_AFTER)
         else:
             delay = min(self.backoff * (2 ** attempt), MAX_BACKOFF)
             delay *= 0.5 + random.random() / 2
+        left = self.time_left()
+        if left is not None and delay >= left:
+            raise DeadlineError(f"{reason}; gave up: waiting {delay:.0f} s more would pass "
+                                f"the fetch's deadline ({self.deadline:g} s). Run again "
+                                "or raise deadline.")
         time.sleep(delay)
 
     def get_json(self, url, params=None):
-        """GET with retries; returns (json, response links)."""
+        """GET with retries; returns (json, response links, final URL)."""
         for attempt in range(self.retries + 1):
             try:
-                resp = self.open(url, params=params)
-                try:
-                    return resp.json(), resp.links
-                except ValueError:
-                    raise _Transient(f"{redact_url(url)} did not answer JSON") from None
+                return self._get_json_once(url, params)
             except _Transient as exc:
                 if attempt >= self.retries:
                     raise HubError(f"{exc} (gave up after {self.retries + 1} attempts); "
                                    "check the mirror or raise retries/timeout.") from None
-                self.wait(attempt, exc.retry_after)
+                self.wait(attempt, exc.retry_after, str(exc))
         raise AssertionError("unreachable")
+
+    def _get_json_once(self, url, params):
+        resp = self.open(url, params=params, encoding="gzip, deflate")
+        with resp:
+            body = bytearray()
+            for piece in self.iter_body(resp, url, self.max_api_bytes + 1):
+                body += piece
+            with self._lock:
+                self.api_bytes += len(body)
+            if len(body) > self.max_api_bytes:
+                raise HubError(f"{redact_url(url)} answered more than {self.max_api_bytes} "
+                               "bytes (max_api_bytes); stopped reading. Raise max_api_bytes "
+                               "if this answer is really that large.")
+            try:
+                links = resp.links
+            except (ValueError, TypeError, AttributeError):
+                links = {}
+            final = resp.url
+        try:
+            return json.loads(bytes(body)), links, final
+        except RecursionError:
+            raise HubError(f"{redact_url(url)} answered JSON nested too deeply to read; "
+                           "check the mirror.") from None
+        except ValueError:
+            raise _Transient(f"{redact_url(url)} did not answer JSON") from None
 
     # -- API ---------------------------------------------------------------------
     def api_url(self, repo_id, *tail):
@@ -256,7 +520,7 @@ class HubClient:
 
     def resolve_commit(self, repo_id, revision):
         url = self.api_url(repo_id, "revision", quote(revision, safe=""))
-        data, _ = self.get_json(url)
+        data, _, _ = self.get_json(url)
         sha = data.get("sha") if isinstance(data, dict) else None
         if not isinstance(sha, str) or not _HEX40.match(sha):
             raise HubError(f"{redact_url(url)} gave no commit sha for revision "
@@ -266,20 +530,69 @@ class HubClient:
     def list_files(self, repo_id, commit):
         url = self.api_url(repo_id, "tree", commit)
         params = {"recursive": "true", "expand": "false"}
-        items = []
+        items, seen = [], {url}
         for _ in range(MAX_PAGES):
-            page, links = self.get_json(url, params=params)
+            page, links, got = self.get_json(url, params=params)
             if not isinstance(page, list):
                 raise HubError(f"{redact_url(url)} did not answer a tree listing.")
             items.extend(page)
-            url = links.get("next", {}).get("url")
-            if not url:
+            if len(items) > self.max_listing_entries:
+                raise HubError(f"the listing of {repo_id} has more than "
+                               f"{self.max_listing_entries} entries (max_listing_entries); "
+                               "raise max_listing_entries if the repo really has that many "
+                               "files.")
+            nxt = (links.get("next") or {}).get("url")
+            if not nxt:
                 return parse_tree(items)
-            params = None  # the next link carries its own query
+            nxt = urljoin(got, nxt)
+            if not self.same_origin(nxt):
+                raise HubError(f"the listing's next page {redact_url(nxt)} is not on the "
+                               f"endpoint {redact_url(self.endpoint)} (scheme, host and "
+                               "port must match); refusing to follow it: the token stays "
+                               "with the endpoint.")
+            if nxt in seen:
+                raise HubError(f"the listing of {repo_id} loops: its next page "
+                               f"{redact_url(nxt)} was already read; check the mirror.")
+            seen.add(nxt)
+            url, params = nxt, None  # the next link carries its own query
         raise HubError(f"the tree listing of {repo_id} has more than {MAX_PAGES} pages.")
 
     def file_url(self, repo_id, commit, path):
         return f"{self.endpoint}/{repo_id}/resolve/{commit}/{quote(path, safe='/')}"
+
+
+class _Decoder:
+    """Content-Encoding identity, gzip or deflate, decoded in bounded pieces."""
+
+    def __init__(self, encoding, url):
+        enc = (encoding or "").strip().lower()
+        if enc in ("", "identity"):
+            self.z = None
+        elif enc in ("gzip", "x-gzip", "deflate"):
+            self.z = zlib.decompressobj(32 + zlib.MAX_WBITS)  # gzip or zlib header
+        else:
+            raise HubError(f"{redact_url(url)} answered with Content-Encoding "
+                           f"{encoding!r:.40}, which gpufleet does not decode; serve "
+                           "identity or gzip.")
+        self.url = url
+
+    def feed(self, data, room):
+        if self.z is None:
+            if data:
+                yield data[:room]
+            return
+        while room > 0:
+            try:
+                out = self.z.decompress(data, min(CHUNK, room))
+            except zlib.error:
+                raise _Transient(f"{redact_url(self.url)} sent a body that does not "
+                                 "decompress") from None
+            data = self.z.unconsumed_tail
+            if out:
+                room -= len(out)
+                yield out
+            elif not data:
+                return
 
 
 def _retry_after(value):
@@ -295,10 +608,25 @@ def state_dir(dest):
     return os.path.join(dest, STATE_DIR)
 
 
+def state_path(dest, *names):
+    """dest/.gpufleet/NAMES..., refusing symbolic links on the way (UnsafePathError)."""
+    return path_under(dest, "/".join((STATE_DIR,) + names))
+
+
+def _open_nofollow(path, mode):
+    """open() that never follows a symbolic link at path (OSError ELOOP instead)."""
+    flags = {"rb": os.O_RDONLY, "rb+": os.O_RDWR, "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+             "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+             "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC}[mode]
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return os.fdopen(fd, mode, **({"encoding": "utf-8"} if mode == "w" else {}))
+
+
 def load_manifest(dest):
     """The manifest's files dict ({} when absent or unreadable: then nothing is trusted)."""
+    path = state_path(dest, MANIFEST_NAME)
     try:
-        with open(os.path.join(state_dir(dest), MANIFEST_NAME), encoding="utf-8") as fh:
+        with _open_nofollow(path, "rb") as fh:
             data = json.load(fh)
     except (OSError, ValueError):
         return {}
@@ -311,7 +639,7 @@ def load_manifest(dest):
 def _write_json_atomic(path, data):
     """Replace path atomically, keeping the mode and owner a role may have given it."""
     tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with _open_nofollow(tmp, "w") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
         fh.write("\n")
     try:
@@ -344,8 +672,9 @@ def _outdated(entry, f, st):
 
 # ---------------------------------------------------------------- disk space
 
-def check_disk_space(dest, needed):
-    """Raise DiskSpaceError when the filesystem of dest lacks needed bytes + margin."""
+def check_disk_space(dest, needed, inodes=0):
+    """Raise DiskSpaceError when the filesystem of dest lacks needed bytes + margin, or
+    the inodes for `inodes` new files and folders + INODE_MARGIN."""
     probe = os.path.abspath(dest)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
@@ -355,6 +684,18 @@ def check_disk_space(dest, needed):
         raise DiskSpaceError(
             f"{dest} has {_gib(free)} free; this fetch needs {_gib(needed)} plus a margin "
             f"({_gib(want)} in all). Free space or choose another dest; nothing was written.")
+    free_inodes = _free_inodes(probe)
+    if inodes and free_inodes is not None and free_inodes < inodes + INODE_MARGIN:
+        raise DiskSpaceError(
+            f"{dest} has {free_inodes} free inodes; this fetch creates {inodes} files and "
+            f"folders plus a margin of {INODE_MARGIN}. Free inodes or choose another dest; "
+            "nothing was written.")
+
+
+def _free_inodes(path):
+    """Inodes an unprivileged process may still create (None: no inode limit reported)."""
+    st = os.statvfs(path)
+    return st.f_favail if st.f_files else None
 
 
 def _gib(n):
@@ -370,7 +711,7 @@ class _Stats:
         self.bytes_verified = 0
         self.files_done = 0
         self.total_files, self.total_bytes = total_files, total_bytes
-        self.path = os.path.join(state_dir(dest), PROGRESS_NAME) if write_progress else None
+        self.path = state_path(dest, PROGRESS_NAME) if write_progress else None
         self.last_write = 0.0
 
     def add(self, downloaded=0, verified=0, file_done=False):
@@ -407,12 +748,16 @@ class _Partial:
         self.f, self.path = f, path
         self.hasher, self.offset = f.hasher(), 0
         try:
-            size = os.path.getsize(path)
+            st = os.lstat(path)
         except OSError:
-            size = 0
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            os.unlink(path)  # a link or other non-file planted there: ours to remove
+            st = None
+        size = st.st_size if st else 0
         if 0 < size <= f.size:
             # the only way to continue a sha256 is to hash what is already there (once)
-            with open(path, "rb") as fh:
+            with _open_nofollow(path, "rb") as fh:
                 while chunk := fh.read(CHUNK):
                     self.hasher.update(chunk)
                     self.offset += len(chunk)
@@ -421,7 +766,7 @@ class _Partial:
 
     def restart(self):
         self.hasher, self.offset = self.f.hasher(), 0
-        with open(self.path, "wb"):
+        with _open_nofollow(self.path, "wb"):
             pass
 
 
@@ -433,18 +778,21 @@ class Fetcher:
         self.dest, self.verify, self.max_workers = dest, verify, max_workers
         self.quarantined = []
         self._qlock = threading.Lock()
+        self._attempts = {}  # path -> requests made for its bytes in this run
         self.stats = None
 
     # -- paths ---------------------------------------------------------------------
     def final_path(self, f):
-        return os.path.join(self.dest, *f.path.split("/"))
+        """dest/PATH, no link on the way (one at the final name is replaced, never
+        followed)."""
+        return path_under(self.dest, f.path, final_may_be_link=True)
 
     def partial_path(self, f):
-        return os.path.join(state_dir(self.dest), "incomplete",
-                            f"{_flat(f.path)}.{f.digest[:16]}.incomplete")
+        return state_path(self.dest, "incomplete",
+                          f"{_flat(f.path)}.{f.digest[:16]}.incomplete")
 
     def quarantine(self, f, src, got):
-        qdir = os.path.join(state_dir(self.dest), "quarantine")
+        qdir = state_path(self.dest, "quarantine")
         os.makedirs(qdir, exist_ok=True)
         # one slot per path: a mirror that keeps lying cannot fill the disk
         os.replace(src, os.path.join(qdir, _flat(f.path)))
@@ -459,12 +807,12 @@ class Fetcher:
         plan = []
         for f in files:
             try:
-                st = os.stat(self.final_path(f))
+                st = os.lstat(self.final_path(f))
             except FileNotFoundError:
                 plan.append((f, "missing"))
                 continue
-            if not os.path.isfile(self.final_path(f)) or st.st_size != f.size:
-                plan.append((f, "stale"))  # another revision's file, or a broken one
+            if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+                plan.append((f, "stale"))  # another revision's file, a broken one, a link
             elif self.verify == "manifest" and manifest_trusts(manifest.get(f.path), f, st):
                 plan.append((f, "trusted"))
             elif self.verify == "manifest" and _outdated(manifest.get(f.path), f, st):
@@ -472,6 +820,13 @@ class Fetcher:
             else:
                 plan.append((f, "present"))
         return plan
+
+    def inodes_to_create(self, plan):
+        """Files to download plus their folders (an upper bound: some folders exist)."""
+        fetch = [f for f, state in plan if state in ("missing", "stale", "outdated")]
+        folders = {"/".join(f.path.split("/")[:i]) for f in fetch
+                   for i in range(1, f.path.count("/") + 1)}
+        return len(fetch) + len(folders)
 
     def bytes_to_fetch(self, plan):
         total = 0
@@ -487,7 +842,7 @@ class Fetcher:
     # -- work ------------------------------------------------------------------------
     def run(self, plan, write_progress=True):
         total = sum(f.size for f, _ in plan)
-        os.makedirs(os.path.join(state_dir(self.dest), "incomplete"), exist_ok=True)
+        os.makedirs(state_path(self.dest, "incomplete"), exist_ok=True)
         self.stats = _Stats(self.dest, len(plan), total, write_progress)
         results, errors = {}, []
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
@@ -516,7 +871,9 @@ class Fetcher:
                 return "verified"
             self.quarantine(f, final, got)  # rotten or foreign bytes leave the final name
         elif state == "stale":
-            self.quarantine(f, final, f"size {os.path.getsize(final)}")
+            st = os.lstat(final)
+            self.quarantine(f, final, "a symbolic link" if stat.S_ISLNK(st.st_mode)
+                            else f"size {st.st_size}")
         elif state == "outdated":
             os.unlink(final)  # no mix of revisions under final names, even if this run fails
         self._download(f)
@@ -525,7 +882,7 @@ class Fetcher:
 
     def _hash_file(self, path, f):
         h = f.hasher()
-        with open(path, "rb") as fh:
+        with _open_nofollow(path, "rb") as fh:
             while chunk := fh.read(CHUNK):
                 h.update(chunk)
                 self.stats.add(verified=len(chunk))
@@ -538,7 +895,7 @@ class Fetcher:
             self.stats.add(verified=part.offset)
             got = self._stream(f, part)
             if got == f.digest:
-                with open(partial_path, "rb+") as fh:
+                with _open_nofollow(partial_path, "rb+") as fh:
                     os.fsync(fh.fileno())
                 final = self.final_path(f)
                 os.makedirs(os.path.dirname(final), exist_ok=True)
@@ -548,33 +905,54 @@ class Fetcher:
         raise VerificationError(f.path, f.digest, got, f.algorithm)
 
     def _stream(self, f, part):
-        """Fill part up to f.size, resuming with Range; returns the hex digest."""
+        """Fill part up to f.size, resuming with Range; returns the hex digest.
+
+        Bounded: `retries` attempts in a row without new bytes (beyond the most this file
+        ever had: a mirror that restarts us at 0 makes no progress), max_file_attempts
+        requests in all, the client's deadline and retry budget. A mirror whose copy is
+        shorter than the listing is reported as such (ShortFileError)."""
         url = self.client.file_url(self.repo_id, self.commit, f.path)
-        failures = 0
+        failures, high, clean_end = 0, part.offset, None
         if not os.path.exists(part.path):
             part.restart()
         while part.offset < f.size:
-            start = part.offset
+            n = self._attempts[f.path] = self._attempts.get(f.path, 0) + 1
+            if n > self.client.max_file_attempts:
+                raise HubError(f"{f.path}: gave up after {n - 1} requests "
+                               f"(max_file_attempts); {part.offset} of {f.size} bytes kept "
+                               "for the next run. Check the mirror or raise "
+                               "max_file_attempts.")
             try:
                 self._stream_once(f, part, url)
                 if part.offset == f.size:
                     break
+                if clean_end == part.offset:
+                    raise ShortFileError(f.path, part.offset, f.size,
+                                         "its answers end there every time")
+                clean_end = part.offset
                 raise _Transient(f"{f.path}: the body ended after {part.offset} of "
                                  f"{f.size} bytes")
             except _Transient as exc:
-                failures = 0 if part.offset > start else failures + 1
+                progressed = part.offset > high and not exc.slow
+                high = max(high, part.offset)
+                failures = 0 if progressed else failures + 1
                 if failures > self.client.retries:
                     raise HubError(f"{f.path}: {exc}; gave up after {failures} attempts "
                                    f"without progress ({part.offset} of {f.size} bytes kept "
                                    "for the next run). Check the mirror or raise "
                                    "retries/timeout.") from None
-                self.client.wait(failures, exc.retry_after)
+                self.client.wait(failures, exc.retry_after, f"{f.path}: {exc}")
         return part.hasher.hexdigest()
 
     def _stream_once(self, f, part, url):
         headers = {"Range": f"bytes={part.offset}-"} if part.offset else None
-        resp = self.client.open(url, headers=headers, stream=True)
+        resp = self.client.open(url, headers=headers, allow_416=True)
         with resp:
+            total = _content_range_total(resp.headers.get("Content-Range"))
+            if total is not None and total < f.size and resp.status_code in (206, 416):
+                raise ShortFileError(f.path, total, f.size,
+                                     f"it answered {resp.status_code} with Content-Range "
+                                     f"{resp.headers.get('Content-Range')!r:.60}")
             if resp.status_code == 416:
                 part.restart()  # the mirror disowns our offset: start the file over
                 raise _Transient(f"{f.path}: the mirror refused Range {part.offset}-")
@@ -585,21 +963,8 @@ class Fetcher:
                     raise _Transient(f"{f.path}: the mirror answered the wrong range")
             elif part.offset:
                 part.restart()  # no Range support (200): this file starts over
-            # read1: what has arrived, so bytes before a drop are kept (read(n) would
-            # buffer up to n and lose them with the connection); urllib3 2 has it
-            read1 = getattr(resp.raw, "read1", None)
-            with open(part.path, "ab") as out:
-                while part.offset < f.size:
-                    try:
-                        chunk = (read1(CHUNK, decode_content=True) if read1 else
-                                 resp.raw.read(LEGACY_CHUNK, decode_content=True))
-                    except (requests.RequestException, urllib3.exceptions.HTTPError,
-                            OSError) as exc:
-                        raise _Transient(f"{f.path}: connection lost after {part.offset} "
-                                         f"of {f.size} bytes ({type(exc).__name__})") from None
-                    if not chunk:
-                        break
-                    chunk = chunk[:f.size - part.offset]
+            with _open_nofollow(part.path, "ab") as out:
+                for chunk in self.client.iter_body(resp, url, f.size - part.offset):
                     out.write(chunk)  # a disk error (full, read-only) is not retried
                     part.hasher.update(chunk)
                     part.offset += len(chunk)
@@ -611,14 +976,20 @@ def _content_range_start(value):
     return int(m.group(1)) if m else None
 
 
+def _content_range_total(value):
+    """The complete length of a Content-Range ('bytes 0-9/10', 'bytes */10'), or None."""
+    m = re.match(r"bytes (?:\d+-\d+|\*)/(\d+)\s*$", value or "")
+    return int(m.group(1)) if m else None
+
+
 # ---------------------------------------------------------------- entry point
 
 class _Lock:
     """One fetch per dest at a time (fcntl lock on dest/.gpufleet/lock)."""
 
     def __init__(self, dest):
-        os.makedirs(state_dir(dest), exist_ok=True)
-        self.fh = open(os.path.join(state_dir(dest), "lock"), "w")
+        os.makedirs(state_path(dest), exist_ok=True)
+        self.fh = _open_nofollow(state_path(dest, "lock"), "w")
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -643,10 +1014,12 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
         raise HubError("max_workers must be at least 1.")
     if not revision:
         raise HubError("revision must be a branch, tag or commit sha, e.g. 'main'.")
+    validate_name(revision, "revision")
     dest = os.path.abspath(dest)
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise HubError(f"dest {dest} exists and is not a directory.")
 
+    client.start()
     commit = client.resolve_commit(repo_id, revision)
     listing = client.list_files(repo_id, commit)
     files = filter_files(listing, allow_patterns, ignore_patterns)
@@ -658,10 +1031,10 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
     plan = fetcher.classify(files, manifest)
     kept, deleted = leftovers(dest, listing, {f.path for f in files}, manifest)
     needed = fetcher.bytes_to_fetch(plan)
-    check_disk_space(dest, needed)
+    check_disk_space(dest, needed, fetcher.inodes_to_create(plan))
 
     result = {"commit": commit, "bytes_to_download": needed, "quarantined": [],
-              "removed": deleted, "manifest": os.path.join(state_dir(dest), MANIFEST_NAME)}
+              "removed": deleted, "manifest": state_path(dest, MANIFEST_NAME)}
     if check_mode:
         would = {"missing": "would_download", "stale": "would_download",
                  "outdated": "would_download", "present": "would_verify",
@@ -678,7 +1051,7 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
     try:
         outcome, errors = fetcher.run(plan)
         for path in deleted:
-            os.unlink(os.path.join(dest, *path.split("/")))
+            os.unlink(path_under(dest, path, final_may_be_link=True))
         changed = _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan,
                                   outcome, manifest, kept)
     finally:
@@ -715,7 +1088,7 @@ def leftovers(dest, listing, planned, manifest):
     kept, deleted = {}, []
     for path, entry in sorted(manifest.items()):
         try:
-            st = os.stat(os.path.join(dest, *safe_relpath(path).split("/")))
+            st = os.lstat(path_under(dest, safe_relpath(path), final_may_be_link=True))
         except (HubError, OSError):
             continue
         if path in planned or not isinstance(entry, dict):
@@ -745,15 +1118,15 @@ def manifest_entries(dest, files):
     """{path: {size, sha256|sha1, mtime_ns}} of RepoFiles whose bytes were verified."""
     entries = {}
     for f in files:
-        st = os.stat(os.path.join(dest, *f.path.split("/")))
+        st = os.lstat(path_under(dest, f.path, final_may_be_link=True))
         entries[f.path] = {"size": f.size, f.algorithm: f.digest, "mtime_ns": st.st_mtime_ns}
     return entries
 
 
 def write_manifest(dest, repo_id, revision, commit, endpoint, entries, complete=True):
     """dest/.gpufleet/manifest.json: what was verified, when, from where (never a token)."""
-    os.makedirs(state_dir(dest), exist_ok=True)
-    _write_json_atomic(os.path.join(state_dir(dest), MANIFEST_NAME), {
+    os.makedirs(state_path(dest), exist_ok=True)
+    _write_json_atomic(state_path(dest, MANIFEST_NAME), {
         "format": MANIFEST_FORMAT, "repo_id": repo_id, "revision": revision,
         "commit": commit, "endpoint": redact_url(endpoint), "verified_at": _now(),
         "complete": complete, "files": entries})

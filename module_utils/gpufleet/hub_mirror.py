@@ -24,11 +24,15 @@ import hashlib
 import json
 import os
 import re
+import stat
 
-from .hub import (STATE_DIR, HubError, MANIFEST_NAME, RepoFile, manifest_trusts,
-                  safe_relpath, validate_repo_id)
+from .hub import (_HEX40, STATE_DIR, HubError, MANIFEST_NAME, RepoFile, UnsafePathError,
+                  _open_nofollow, manifest_trusts, path_under, safe_relpath, validate_name,
+                  validate_repo_id)
 
-_NGINX_UNSAFE = re.compile(r'["\\$;{}\s\x00-\x1f]')
+# Beyond validate_name (quotes, backslashes, whitespace, control characters): what nginx
+# map files and locations would read as syntax or variables.
+_NGINX_UNSAFE = re.compile(r'[$;{}]')
 
 
 def read_model_folder(folder, repo_id=None):
@@ -46,24 +50,40 @@ def read_model_folder(folder, repo_id=None):
     repo_id = validate_repo_id(repo_id or manifest.get("repo_id"))
     if "/" not in repo_id:
         raise HubError(f"{folder}: repo id {repo_id!r} needs an org ('org/name') to be served.")
+    commit = manifest.get("commit")
+    if not isinstance(commit, str) or not _HEX40.match(commit):
+        raise HubError(f"{folder}: the manifest's commit {commit!r:.60} is not a commit sha; "
+                       "fetch the folder with hf_model again.")
+    revision = manifest.get("revision") or "main"
+    if not isinstance(manifest.get("files"), dict):
+        raise HubError(f"{folder}: the manifest lists no files; fetch it with hf_model again.")
+    for what, name in [("revision", revision)] + [
+            ("file name", rel) for rel in sorted(manifest.get("files") or {})]:
+        try:
+            validate_name(name, what)
+        except UnsafePathError as exc:
+            raise UnsafePathError(f"{folder}: {exc}") from None
+        if _NGINX_UNSAFE.search(name) or (what == "revision" and "/" in name):
+            raise UnsafePathError(f"{folder}: {what} {name!r} has characters the mirror "
+                                  "cannot serve ('$', ';', braces, or '/' in a revision).")
     files = []
     for rel, entry in sorted(manifest.get("files", {}).items()):
         safe_relpath(rel)
-        if _NGINX_UNSAFE.search(rel):
-            raise HubError(f"{folder}: file name {rel!r} has characters the mirror cannot "
-                           "serve (quotes, '$', ';', braces, whitespace).")
+        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int):
+            raise HubError(f"{folder}: the manifest entry of {rel!r} is unreadable; fetch "
+                           "the folder with hf_model again.")
         algorithm = "sha256" if "sha256" in entry else "sha1"
-        f = RepoFile(rel, entry["size"], algorithm, entry[algorithm])
+        f = RepoFile(rel, entry["size"], algorithm, entry.get(algorithm))
         try:
-            st = os.stat(os.path.join(folder, rel))
+            st = os.lstat(path_under(folder, rel))
         except OSError:
             st = None
-        if st is None or not manifest_trusts(entry, f, st):
+        if st is None or not stat.S_ISREG(st.st_mode) or not manifest_trusts(entry, f, st):
             raise HubError(f"{folder}/{rel} changed since it was verified (size or mtime); "
                            "run hf_model with verify: full on that folder first.")
         files.append(f)
-    return {"repo_id": repo_id, "commit": manifest["commit"],
-            "revision": manifest.get("revision") or "main", "folder": os.path.abspath(folder),
+    return {"repo_id": repo_id, "commit": commit,
+            "revision": revision, "folder": os.path.abspath(folder),
             "files": files}
 
 
@@ -138,7 +158,9 @@ def apply_site(root, plan, check_mode=False):
     """Write the plan under root, removing what an earlier plan left; returns changed paths."""
     changed = []
     for rel, content in sorted(plan.items()):
-        path = os.path.join(root, rel)
+        # checked before it is opened: under root, no link on the way (the resolve links
+        # themselves are replaced, never followed)
+        path = path_under(root, rel, final_may_be_link=True)
         if isinstance(content, tuple):
             target = content[1]
             if os.path.islink(path) and os.readlink(path) == target:
@@ -153,15 +175,16 @@ def apply_site(root, plan, check_mode=False):
                 os.replace(tmp, path)
             continue
         try:
-            with open(path, "rb") as fh:
-                if fh.read() == content and not os.path.islink(path):
-                    continue
+            if not os.path.islink(path):
+                with open(path, "rb") as fh:
+                    if fh.read() == content:
+                        continue
         except OSError:
             pass
         changed.append(rel)
         if not check_mode:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "wb") as fh:
+            with _open_nofollow(path + ".tmp", "wb") as fh:
                 fh.write(content)
             os.replace(path + ".tmp", path)
     for sub in ("www", "nginx"):

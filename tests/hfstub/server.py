@@ -254,3 +254,71 @@ class _Handler(BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
             return self._send(206, data[start:end + 1], headers, head)
         self._send(200, data, headers, head)
+
+
+class HostileServer(LoopbackServer):
+    """STAND-IN for a hostile or broken mirror on 127.0.0.1: each route (path prefix ->
+    function of the request handler) answers as a test scripts it, with the handler's
+    helpers below. Every request is recorded with its Authorization header (`log`), and
+    the body bytes the answers got out are counted (`sent`), so a test can prove a token
+    never reached it and a capped read stopped early."""
+
+    def __init__(self, routes=None):
+        self.routes = dict(routes or {})
+        self.log = []  # (path with query, Authorization header or None)
+        self.sent = 0
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(_HostileHandler):
+            owner = server
+
+        self._listen(Handler)
+
+    @property
+    def seen_auth(self):
+        with self._lock:
+            return [auth for _, auth in self.log]
+
+
+class _HostileHandler(BaseHTTPRequestHandler):
+    owner: HostileServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        o = self.owner
+        with o._lock:
+            o.log.append((self.path, self.headers.get("Authorization")))
+        path = urlsplit(self.path).path
+        for prefix in sorted(o.routes, key=len, reverse=True):
+            if path.startswith(prefix):
+                try:
+                    return o.routes[prefix](self)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
+                    return
+        self.answer(404, b"no route", {"X-Error-Code": "EntryNotFound"})
+
+    def answer(self, code, body=b"", headers=None, length=None):
+        """Status, headers, then body; Content-Length is len(body) unless given."""
+        self.send_response(code)
+        headers = dict(headers or {})
+        headers.setdefault("Content-Length", str(len(body) if length is None else length))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.write(body)
+
+    def json(self, obj, headers=None):
+        self.answer(200, json.dumps(obj).encode(), {"Content-Type": "application/json",
+                                                    **(headers or {})})
+
+    def write(self, data):
+        if data:
+            self.wfile.write(data)
+            self.wfile.flush()
+            with self.owner._lock:
+                self.owner.sent += len(data)
