@@ -13,8 +13,8 @@ description:
     C(labels) C(host), C(container), C(model), C(served_model_name), C(runner), C(port).
   - Merges the plans of the hosts of this run into the file at O(path) (on the node it
     runs on, the control node), so a C(--limit) run keeps the other hosts' entries. A
-    host whose plan is null (it failed before planning) keeps its entries; a host
-    planned with no instance loses them.
+    host without a plan (it failed before planning) keeps its entries; a host planned
+    with no instance loses them.
   - Writes atomically (mode 0644) and only when the list changed.
 version_added: "0.2.0"
 author: gpufleet
@@ -25,9 +25,10 @@ options:
     required: true
   plans:
     description:
-      - A dict of host to plan for the hosts of this run, each plan the C(vllm_serve_plan)
-        result (its C(instances), each with C(file_sd)), or null.
-    type: dict
+      - The C(vllm_serve_plan) results of the hosts of this run that planned (each with
+        C(host) and C(instances), each instance with C(file_sd)).
+    type: list
+    elements: dict
     required: true
 attributes:
   check_mode:
@@ -42,8 +43,8 @@ EXAMPLES = r"""
 - name: Write the fleet's serving instances
   vllm_instances:
     path: /srv/gpufleet/vllm-instances.json
-    plans: "{{ dict(ansible_play_hosts_all | zip(ansible_play_hosts_all | map('extract', hostvars)
-               | map(attribute='__vllm_server_plan', default=None))) }}"
+    plans: "{{ ansible_play_hosts_all | map('extract', hostvars) | selectattr('__vllm_server_plan', 'defined')
+               | map(attribute='__vllm_server_plan') | list }}"
   delegate_to: localhost
   run_once: true
 """
@@ -80,11 +81,10 @@ def _read(path):
 def run(params, check_mode):
     before = _read(params["path"])
     updates = {}
-    for host, plan in params["plans"].items():
-        if plan is None or not isinstance(plan, dict) or "instances" not in plan:
-            updates[host] = None
-        else:
-            updates[host] = [inst["file_sd"] for inst in plan["instances"]]
+    for plan in params["plans"]:
+        if not plan.get("host") or "instances" not in plan:
+            raise ValueError("every plan needs `host` and `instances` (vllm_serve_plan's result)")
+        updates[plan["host"]] = [inst["file_sd"] for inst in plan["instances"]]
     after = merge_registry(before, updates)
     changed = after != before
     if changed and not check_mode:
@@ -105,7 +105,7 @@ def main():
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "required": True},
-            "plans": {"type": "dict", "required": True},
+            "plans": {"type": "list", "elements": "dict", "required": True},
         },
         supports_check_mode=True,
     )

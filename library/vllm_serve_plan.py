@@ -146,6 +146,10 @@ instances:
   returned: success
   type: list
   elements: dict
+host:
+  description: O(host_name), so a list of plans says whose each is (vllm_instances).
+  returned: success
+  type: str
 remove:
   description: Names of managed containers with the prefix that are no longer planned.
   returned: success
@@ -231,7 +235,7 @@ def run(params, client):
     planned = {inst["name"] for inst in instances}
     remove = sorted(name for name in existing
                     if name.startswith(params["container_prefix"]) and name not in planned)
-    return {"instances": instances, "remove": remove}
+    return {"host": params["host_name"], "instances": instances, "remove": remove}
 
 
 def main():

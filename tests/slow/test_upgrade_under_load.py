@@ -125,6 +125,15 @@ def test_lab_run_serves_through_the_gateway(lab):
     assert key() not in out
 
 
+def test_a_second_site_run_changes_nothing(lab):
+    rc, out = playbook("site.yml", limit="")
+    stats = recap(out)
+    assert rc != 0 and stats["lab-4090"]["failed"] == 1, out[-3000:]  # refused again, on purpose
+    assert {h: s["changed"] for h, s in stats.items() if h != "lab-4090"} == {
+        h: 0 for h in stats if h != "lab-4090"}, stats
+    assert {"lab-h200", "lab-a10g", "lab-a100", "lab-gw", "localhost"} <= set(stats)
+
+
 def test_upgrade_check_mode_prints_the_plan_and_changes_nothing(lab):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     rc, out = playbook("playbooks/upgrade.yml", dict(FAST, vllm_server_models=chat_models(1024)),

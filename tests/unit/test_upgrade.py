@@ -178,7 +178,7 @@ def test_vllm_record_module_writes_reads_and_is_idempotent(tmp_path, monkeypatch
 
 
 def _plan(host, ports):
-    return {"instances": [{"file_sd": {"targets": [f"127.0.0.1:{p}"], "labels": {
+    return {"host": host, "instances": [{"file_sd": {"targets": [f"127.0.0.1:{p}"], "labels": {
         "host": host, "container": f"vllm-{host}-{p}", "model": "m", "served_model_name": "m",
         "runner": "generate", "port": str(p)}}} for p in ports]}
 
@@ -186,17 +186,25 @@ def _plan(host, ports):
 def test_vllm_instances_merges_and_changes_only_when_the_fleet_does(tmp_path, monkeypatch):
     import vllm_instances
     path = str(tmp_path / "instances.json")
-    first, _ = run_module(vllm_instances.main, {"path": path, "plans": {
-        "a": _plan("a", [1]), "b": _plan("b", [2])}}, monkeypatch)
+    first, _ = run_module(vllm_instances.main, {"path": path, "plans": [
+        _plan("a", [1]), _plan("b", [2])]}, monkeypatch)
     assert first["changed"] and len(first["instances"]) == 2
-    # a --limit run of host a: b keeps its entry; a failed-before-plan host keeps too
-    limited, _ = run_module(vllm_instances.main, {"path": path, "plans": {
-        "a": _plan("a", [3]), "c": None}}, monkeypatch)
+    # a --limit run of host a (or b failed before planning): b keeps its entry
+    limited, _ = run_module(vllm_instances.main, {"path": path, "plans": [_plan("a", [3])]},
+                            monkeypatch)
     assert [e["labels"]["port"] for e in limited["instances"]] == ["3", "2"]
-    same, _ = run_module(vllm_instances.main, {"path": path, "plans": {"a": _plan("a", [3])}},
+    # planned with nothing to serve: its entries go
+    gone, _ = run_module(vllm_instances.main, {"path": path, "plans": [_plan("b", [])]},
+                         monkeypatch)
+    assert [e["labels"]["host"] for e in gone["instances"]] == ["a"]
+    run_module(vllm_instances.main, {"path": path, "plans": [_plan("b", [2])]}, monkeypatch)
+    same, _ = run_module(vllm_instances.main, {"path": path, "plans": [_plan("a", [3])]},
                          monkeypatch)
     assert not same["changed"]
     assert json.loads(open(path).read()) == limited["instances"]
+    bad, failed = run_module(vllm_instances.main, {"path": path, "plans": [{"instances": []}]},
+                             monkeypatch)
+    assert failed and "needs `host`" in bad["msg"]
 
 
 # ----------------------------------------------------------------- vllm_probe
