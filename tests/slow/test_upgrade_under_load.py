@@ -112,8 +112,10 @@ def lab():
     try:
         yield {"rc": run.returncode, "output": output}
     finally:
-        sh("docker", "rmi", "gpufleet/vllm-cpu:lab-next", check=False)
-        sh("bash", "scripts/lab.sh", "down", check=False, timeout=900)
+        # GPUFLEET_KEEP_LAB=1 leaves the lab up for a person to look at (not in CI).
+        if not os.environ.get("GPUFLEET_KEEP_LAB"):
+            sh("docker", "rmi", "gpufleet/vllm-cpu:lab-next", check=False)
+            sh("bash", "scripts/lab.sh", "down", check=False, timeout=900)
 
 
 def test_lab_run_serves_through_the_gateway(lab):
