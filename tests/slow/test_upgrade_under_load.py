@@ -230,3 +230,36 @@ def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
         xml = sh("docker", "exec", f"gpufleet-lab-{host}", "nvidia-smi", "-q", "-x").stdout
         assert "<driver_version>590.44.01</driver_version>" in xml
     assert "NVIDIA driver 590.44.01 verified" in out
+
+
+# Last: the inventory's own model source (the site mirror, revision main) is left behind.
+OLAH_REPO = ROOT / ".cache/lab/hf/olah/mirrors/models" / CHAT
+
+
+@pytest.fixture
+def second_revision():
+    """A second commit (a README) in olah's git-lfs repo of the chat model; removed after."""
+    git = ["git", "-C", str(OLAH_REPO)]
+    first = sh(*git, "rev-parse", "HEAD").stdout.strip()
+    (OLAH_REPO / "README.md").write_text("gpufleet lab: revision 2 of this model (a README only).\n")
+    sh(*git, "add", "README.md")
+    sh(*git, "-c", "user.name=gpufleet lab", "-c", "user.email=lab@gpufleet.invalid",
+       "commit", "-qm", "revision 2")
+    try:
+        yield first, sh(*git, "rev-parse", "HEAD").stdout.strip()
+    finally:
+        sh(*git, "reset", "-q", "--hard", first)
+
+
+def test_c_a_model_revision_change_drops_no_request(lab, second_revision):
+    """The hosts fetch the new commit from olah (verified, beside the running server),
+    then the containers are replaced one host at a time."""
+    first, second = second_revision
+    before, after, _ = _upgraded({
+        "vllm_server_models": chat_models(1024), "vllm_server_image": "gpufleet/vllm-cpu:lab-next",
+        "nvidia_driver_branch": "590",  # as case (e) left it
+        "model_fetch_endpoint": "http://127.0.0.1:8091",
+        "model_fetch_models": [{"repo_id": CHAT, "revision": second}]})
+    for host, container in CHAT_CONTAINERS.items():
+        labels = json.loads(sh("docker", "inspect", container).stdout)[0]["Config"]["Labels"]
+        assert labels["org.gpufleet.model-commit"] == second != first
