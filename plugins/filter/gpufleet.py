@@ -1,4 +1,4 @@
-"""gpufleet's filters: thin wrappers of module_utils/gpufleet (upgrade.py, serve.py).
+"""gpufleet's filters: thin wrappers of module_utils/gpufleet (upgrade.py, serve.py, hub.py).
 
 They run on the control node and only compute (no host is contacted), so decisions
 (batches, what changes, gates, rollback variables, an instance's address) stay plain,
@@ -28,6 +28,20 @@ def _wrap(func):
     return call
 
 
+def bad_repo_ids(repo_ids):
+    """The entries of `repo_ids` that hf_model would refuse (gpufleet.hub.validate_repo_id,
+    the one rule), so a role's preflight refuses them before anything is fetched."""
+    from gpufleet import hub  # here, not at the top: hub needs requests, the others do not
+
+    bad = []
+    for repo_id in repo_ids or []:
+        try:
+            hub.validate_repo_id(repo_id)
+        except hub.HubError:
+            bad.append(repo_id)
+    return bad
+
+
 def host_models(instances, hosts):
     """{host: [served model names]} for `hosts` (in their order) from the fleet's list."""
     out = {h: [] for h in hosts}
@@ -41,6 +55,7 @@ def host_models(instances, hosts):
 class FilterModule:
     def filters(self):
         return {
+            "gpufleet_bad_repo_ids": bad_repo_ids,
             "gpufleet_host_models": host_models,
             "gpufleet_batches": _wrap(upgrade.plan_batches),
             "gpufleet_driver_change": _wrap(upgrade.driver_change),
