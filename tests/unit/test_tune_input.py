@@ -1,5 +1,5 @@
 """vllm_tune: every bad config.json field, safetensors header and option is a clear
-error (issue #13 item 7). Each case was a traceback or a wrong answer at f11dbb6.
+error. Each case was a traceback or a wrong answer at f11dbb6.
 """
 import json
 import struct
@@ -19,7 +19,7 @@ BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
 
 
 # --------------------------------------------------------------------------------------
-# Item 7: vllm_tune, config.json fields
+# vllm_tune: config.json fields
 # --------------------------------------------------------------------------------------
 
 BAD_FIELDS = [
@@ -120,7 +120,7 @@ def test_a_good_safetensors_header_still_reads(tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# Item 7: vllm_tune options
+# vllm_tune: options
 # --------------------------------------------------------------------------------------
 
 BAD_OPTIONS = [
