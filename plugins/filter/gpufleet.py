@@ -1,4 +1,4 @@
-"""gpufleet's filters: thin wrappers of module_utils/gpufleet (upgrade.py, serve.py, hub.py).
+"""gpufleet's filters: thin wrappers of module_utils/gpufleet (upgrade.py, serve.py, tune.py, hub.py).
 
 They run on the control node and only compute (no host is contacted), so decisions
 (batches, what changes, gates, rollback variables, an instance's address) stay plain,
@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from gpufleet import serve, upgrade  # noqa: E402  (the repository's module_utils)
+from gpufleet import serve, tune, upgrade  # noqa: E402  (the repository's module_utils)
 
 
 def _wrap(func):
@@ -57,6 +57,7 @@ class FilterModule:
         return {
             "gpufleet_bad_repo_ids": bad_repo_ids,
             "gpufleet_host_models": host_models,
+            "gpufleet_models_with_secret_args": tune.models_with_secret_args,
             "gpufleet_batches": _wrap(upgrade.plan_batches),
             "gpufleet_driver_change": _wrap(upgrade.driver_change),
             "gpufleet_capacity": _wrap(upgrade.capacity_verdict),

@@ -167,3 +167,26 @@ def test_vllm_tune_module_fails_clearly(args, fragment, monkeypatch):
     result, failed = run_module(vllm_tune.main, params, monkeypatch)
     assert failed and fragment in result["msg"], result
     assert "--tensor-parallel-size" not in json.dumps(result.get("args", []))
+
+
+# vllm_tune: no secret in extra_args
+@pytest.mark.parametrize("extra", [["--api-key", "KEY-VALUE-1234"], ["--api-key=KEY-VALUE-1234"],
+                                   ["--enforce-eager", "--api-key", "KEY-VALUE-1234"]])
+def test_an_api_key_in_extra_args_is_refused_without_the_key(extra):
+    from gpufleet import tune
+
+    with pytest.raises(tune.TuneError, match="vllm_server_api_key") as exc:
+        tune.check_extra_args(extra)
+    assert "KEY-VALUE-1234" not in str(exc.value)
+    assert tune.models_with_secret_args([{"name": "a", "extra_args": extra},
+                                         {"name": "b", "extra_args": ["--api-key-file-x"]},
+                                         {"name": "c"}]) == ["a"]
+
+
+def test_other_extra_args_pass():
+    from gpufleet import tune
+
+    assert tune.check_extra_args(["--tool-call-parser", "hermes", "--api-keys-are-elsewhere"]) == [
+        "--tool-call-parser", "hermes", "--api-keys-are-elsewhere"]
+    with pytest.raises(tune.TuneError, match="list of strings"):
+        tune.check_extra_args("--enforce-eager")
