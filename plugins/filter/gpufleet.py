@@ -42,6 +42,14 @@ def bad_repo_ids(repo_ids):
     return bad
 
 
+def bad_addresses(values, networks=False):
+    """gpufleet.hub_mirror.bad_addresses: entries that are not an IP address (or, with
+    networks=True, not an address or CIDR network)."""
+    from gpufleet import hub_mirror  # needs requests, like hub
+
+    return hub_mirror.bad_addresses(values, networks)
+
+
 def host_models(instances, hosts):
     """{host: [served model names]} for `hosts` (in their order) from the fleet's list."""
     out = {h: [] for h in hosts}
@@ -55,6 +63,7 @@ def host_models(instances, hosts):
 class FilterModule:
     def filters(self):
         return {
+            "gpufleet_bad_addresses": bad_addresses,
             "gpufleet_bad_repo_ids": bad_repo_ids,
             "gpufleet_host_models": host_models,
             "gpufleet_models_with_secret_args": tune.models_with_secret_args,

@@ -123,7 +123,7 @@ def _playbook(tmp_path, folder, port):
       vars:
         hf_site_mirror_models: [{{path: "{folder}"}}]
         hf_site_mirror_root: "{tmp_path / 'site'}"
-        hf_site_mirror_listen: "127.0.0.1:{port}"
+        hf_site_mirror_port: {port}
         hf_site_mirror_nginx_conf_dir: "{tmp_path / 'conf.d'}"
         hf_site_mirror_install: false
         hf_site_mirror_manage_service: false
