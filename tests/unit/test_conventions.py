@@ -168,3 +168,16 @@ def test_vllm_server_image_and_vllm_version_agree():
     assert tag == "v" + defaults["vllm_server_vllm_version"], (
         f"vllm_server_image {defaults['vllm_server_image']} but vllm_server_vllm_version "
         f"{defaults['vllm_server_vllm_version']}")
+
+
+def test_every_secret_in_a_molecule_scenario_is_random_per_run():
+    """A token or key written into a scenario would be the same on every run (and in the
+    repository): each comes from a password lookup in the scenario's ephemeral folder
+    (or the environment, where a test passes its own random one)."""
+    import re
+
+    for path in sorted((ROOT / "molecule").glob("*/vars/*.yml")):
+        for key, value in (yaml.safe_load(path.read_text()) or {}).items():
+            if re.search(r"token|api_key|password|secret", key):
+                assert "lookup('ansible.builtin.password'" in str(value), (
+                    f"{path.relative_to(ROOT)}: {key} is fixed ({value!r}); make it random per run")
