@@ -24,14 +24,18 @@ def _render(**overrides):
 def test_by_default_the_mirror_listens_on_loopback_only_with_no_allow_list():
     conf = _render()
     assert "    listen 127.0.0.1:8090;\n" in conf
-    assert "allow " not in conf and "deny all" not in conf
+    assert "geo " not in conf and "return 403" not in conf
 
 
-def test_an_allow_list_becomes_allow_lines_then_deny_all():
+def test_an_allow_list_lets_only_its_entries_in():
     conf = _render(hf_site_mirror_bind_address="10.0.0.5", hf_site_mirror_port=8091,
                    hf_site_mirror_allow=["10.0.0.0/24", "fd00::/8", "192.0.2.7"])
     assert "    listen 10.0.0.5:8091;\n" in conf
-    assert "    allow 10.0.0.0/24;\n    allow fd00::/8;\n    allow 192.0.2.7;\n    deny all;\n" in conf
+    assert ("geo $hf_site_mirror_allowed {\n    default 0;\n    10.0.0.0/24 1;\n"
+            "    fd00::/8 1;\n    192.0.2.7 1;\n}\n") in conf
+    # at server level, so it also covers the locations that answer with `return`
+    server = conf[conf.index("server {"):conf.index("    location ")]
+    assert "    if ($hf_site_mirror_allowed = 0) {\n        return 403;\n    }\n" in server
     assert "    listen [::1]:8090;\n" in _render(hf_site_mirror_bind_address="::1")
 
 
