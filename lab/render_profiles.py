@@ -2,7 +2,7 @@
 """Render each lab profile's nvidia-smi XML into OUTDIR/<profile>/nvidia-smi.xml.
 
 Reads lab/profiles.yml; the GPUs come from the named real capture, replicated to the
-profile's GPU count by gpufleet.gpu.fleet_capture. Writes a file only when its content
+profile's GPU count by lab/fleet_capture.py. Writes a file only when its content
 changed, and prints a JSON line {"changed": [...]} for Ansible's changed_when.
 """
 import json
@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "module_utils"))
-from gpufleet.gpu import fleet_capture  # noqa: E402
+sys.path.insert(0, str(ROOT / "lab"))
+from fleet_capture import fleet_capture  # noqa: E402
 
 
 def relabel(xml, values):

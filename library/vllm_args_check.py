@@ -51,7 +51,7 @@ requirements:
 EXAMPLES = r"""
 - name: Check the arguments with the exact image before replacing the server
   vllm_args_check:
-    image: vllm/vllm-openai:v0.20.0
+    image: vllm/vllm-openai:v0.32.0
     command: [/models/qwen, --max-model-len, "32768", --enforce-eager]
     name: vllm-qwen-args-check
 """

@@ -133,7 +133,9 @@ options:
   extra_args:
     description:
       - More C(vllm serve) arguments, appended; flags renamed between vLLM versions are
-        rewritten for O(vllm_version).
+        rewritten for O(vllm_version). C(--api-key) is refused (the key would be on the
+        command line and in this module's output); vllm_server passes its
+        C(vllm_server_api_key) as C(VLLM_API_KEY).
     type: list
     elements: str
     default: []
@@ -217,6 +219,7 @@ from ansible.module_utils.gpufleet.tune import (
     DEFAULT_VLLM_VERSION,
     NoFitError,
     TuneError,
+    check_extra_args,
     plan,
 )
 
@@ -253,6 +256,14 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    try:
+        check_extra_args(p["extra_args"])
+    except TuneError as exc:
+        # the invocation printed with the failure (-vvv) must not carry the key either
+        p["extra_args"] = ["********" if a.split("=", 1)[0] == "--api-key" or i and
+                           p["extra_args"][i - 1] == "--api-key" else a
+                           for i, a in enumerate(p["extra_args"])]
+        module.fail_json(msg=str(exc), changed=False, reasons=[])
     gpus = p["gpus"]
     if gpus is None and p["gpu_facts"] is not None:
         gpus = p["gpu_facts"].get("devices") or []

@@ -43,6 +43,11 @@ stage "pytest: unit tests"
 pytest -q -m "not slow" tests
 ((fast)) && exit 0
 
+# From here on a skip is a failure: a slow test that skips (no Docker, image or models)
+# fails with its reason (tests/conftest.py), and so does a Molecule scenario whose steps
+# were skipped (molecule_test, scripts/lib.sh).
+export GPUFLEET_NO_SKIP=1
+
 stage "lab images and models (cached by content hash)"
 bash scripts/lab.sh images
 
@@ -50,9 +55,11 @@ stage "molecule: every scenario"
 # vllm_server's scenario is run by tests/slow/test_vllm_server_molecule.py (with a random
 # API key it then looks for in the whole output), so it is not run twice.
 scenarios=$(find molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -r -n1 basename | sort | grep -vx vllm_server)
+[[ -n "$scenarios" ]] || die "no Molecule scenario found under molecule/"
+[[ -f tests/slow/test_vllm_server_molecule.py ]] || die "nothing runs the vllm_server scenario"
 for s in $scenarios; do
   stage "molecule test -s $s"
-  molecule test -s "$s"
+  molecule_test "$s"
 done
 
 stage "pytest: slow tests (docker, mirrors, vLLM)"

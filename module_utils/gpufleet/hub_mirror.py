@@ -213,3 +213,23 @@ def build_site(root, folders, check_mode=False):
                        "revision": m["revision"], "folder": m["folder"],
                        "files": len(m["files"]), "bytes": sum(f.size for f in m["files"])}
                       for m in models]}
+
+
+def bad_addresses(values, networks=False):
+    """The entries of `values` that are not an IP address (IPv4 or IPv6), or with
+    networks=True neither an address nor a CIDR network without host bits
+    ("10.0.0.0/8", "fd00::/8"): what the site mirror's nginx `listen` and `allow` take."""
+    import ipaddress
+
+    bad = []
+    for value in values or []:
+        try:
+            if not isinstance(value, str) or value != value.strip() or not value:
+                raise ValueError(value)
+            if networks and "/" in value:
+                ipaddress.ip_network(value, strict=True)
+            else:
+                ipaddress.ip_address(value)
+        except ValueError:
+            bad.append(value)
+    return bad

@@ -492,6 +492,43 @@ def _check_quantization(model, cc, reasons):
                        "vLLM picks it up without --quantization.")
 
 
+# Flags whose value is a secret: on a command line it shows in `ps`, `docker inspect`, the
+# module's output and logs. vLLM reads the key from VLLM_API_KEY as well
+# (vllm/entrypoints/serve/middleware/register.py), which vllm_server sets.
+SECRET_FLAGS = ("--api-key",)
+
+
+def check_extra_args(extra_args):
+    """Refuse a secret given in extra_args (`--api-key KEY`, `--api-key=KEY`); the
+    message never holds the value. Returns the arguments as strings."""
+    if extra_args is None:
+        return []
+    if isinstance(extra_args, (str, bytes)) or not isinstance(extra_args, (list, tuple)):
+        raise TuneError("extra_args must be a list of strings, e.g. "
+                        "[--enable-auto-tool-choice, --tool-call-parser, hermes]")
+    out = [str(arg) for arg in extra_args]
+    for arg in out:
+        flag = arg.split("=", 1)[0]
+        if flag in SECRET_FLAGS:
+            raise TuneError(f"extra_args holds {flag}: an API key there would be on the "
+                            "container's command line and in the module's output. Remove "
+                            "it and set vllm_server_api_key (from a vault) instead: "
+                            "vllm_server gives it to vLLM as VLLM_API_KEY.")
+    return out
+
+
+def models_with_secret_args(models):
+    """Names of the model entries whose extra_args check_extra_args refuses: vllm_server
+    asks before any module sees the entries (a module's loop item is printed at -vvv)."""
+    names = []
+    for entry in models or []:
+        try:
+            check_extra_args((entry or {}).get("extra_args"))
+        except TuneError:
+            names.append(str((entry or {}).get("name", "?")))
+    return names
+
+
 def _translate_extra_args(extra_args, version, reasons):
     out = []
     for arg in extra_args:
@@ -770,6 +807,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     input and NoFitError (with `nearest` and the partial result) when nothing fits.
     """
     reasons = []
+    extra_args = check_extra_args(extra_args)
     tensor_parallel_size = _tp_option(tensor_parallel_size)
     if overhead_bytes is not None:
         overhead_bytes = _int_option(overhead_bytes, "overhead_bytes", minimum=0,

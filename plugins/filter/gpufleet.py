@@ -1,4 +1,4 @@
-"""gpufleet's filters: thin wrappers of module_utils/gpufleet (upgrade.py, serve.py).
+"""gpufleet's filters: thin wrappers of module_utils/gpufleet (upgrade.py, serve.py, tune.py, hub.py).
 
 They run on the control node and only compute (no host is contacted), so decisions
 (batches, what changes, gates, rollback variables, an instance's address) stay plain,
@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from gpufleet import serve, upgrade  # noqa: E402  (the repository's module_utils)
+from gpufleet import serve, tune, upgrade  # noqa: E402  (the repository's module_utils)
 
 
 def _wrap(func):
@@ -26,6 +26,28 @@ def _wrap(func):
     call.__name__ = func.__name__
     call.__doc__ = func.__doc__
     return call
+
+
+def bad_repo_ids(repo_ids):
+    """The entries of `repo_ids` that hf_model would refuse (gpufleet.hub.validate_repo_id,
+    the one rule), so a role's preflight refuses them before anything is fetched."""
+    from gpufleet import hub  # here, not at the top: hub needs requests, the others do not
+
+    bad = []
+    for repo_id in repo_ids or []:
+        try:
+            hub.validate_repo_id(repo_id)
+        except hub.HubError:
+            bad.append(repo_id)
+    return bad
+
+
+def bad_addresses(values, networks=False):
+    """gpufleet.hub_mirror.bad_addresses: entries that are not an IP address (or, with
+    networks=True, not an address or CIDR network)."""
+    from gpufleet import hub_mirror  # needs requests, like hub
+
+    return hub_mirror.bad_addresses(values, networks)
 
 
 def host_models(instances, hosts):
@@ -41,7 +63,10 @@ def host_models(instances, hosts):
 class FilterModule:
     def filters(self):
         return {
+            "gpufleet_bad_addresses": bad_addresses,
+            "gpufleet_bad_repo_ids": bad_repo_ids,
             "gpufleet_host_models": host_models,
+            "gpufleet_models_with_secret_args": tune.models_with_secret_args,
             "gpufleet_batches": _wrap(upgrade.plan_batches),
             "gpufleet_driver_change": _wrap(upgrade.driver_change),
             "gpufleet_capacity": _wrap(upgrade.capacity_verdict),

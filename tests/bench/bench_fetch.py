@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark (issue item 7; not part of the test run): fetch one multi-GB repo from the
+"""Benchmark (not part of the test run): fetch one multi-GB repo from the
 site mirror (the hf_site_mirror role's nginx config, sendfile) three ways, with the same
 parallelism, into fresh folders on the same disk:
 

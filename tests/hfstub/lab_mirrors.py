@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The lab's two Hugging Face mirrors on loopback, serving the lab's models (issue item 5).
+"""The lab's two Hugging Face mirrors on loopback, serving the lab's models.
 
     .venv/bin/python tests/hfstub/lab_mirrors.py up [--olah-port 8091] [--site-port 8090]
     .venv/bin/python tests/hfstub/lab_mirrors.py status

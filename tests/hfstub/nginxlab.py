@@ -19,12 +19,15 @@ def render_site_conf(root, listen, conf_dir):
     """The hf_site_mirror role's server config, rendered outside Ansible (same template)."""
     import jinja2  # ansible's dependency, in .venv
 
+    address, _, port = str(listen).rpartition(":")
+    address = address.strip("[]") or "127.0.0.1"
     conf_dir = pathlib.Path(conf_dir)
     conf_dir.mkdir(parents=True, exist_ok=True)
     (conf_dir / "gpufleet-hf-site-mirror.conf").write_text(
         jinja2.Template(TEMPLATE.read_text()).render(
             ansible_managed="rendered by tests/hfstub/nginxlab.py",
-            hf_site_mirror_root=str(root), hf_site_mirror_listen=listen))
+            hf_site_mirror_root=str(root), hf_site_mirror_bind_address=address,
+            hf_site_mirror_port=int(port), hf_site_mirror_allow=[]))
     return conf_dir
 
 

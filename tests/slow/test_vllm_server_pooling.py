@@ -74,10 +74,13 @@ def _run(playbook, tmp_path, key, port, max_model_len, extra_args=(), expect_ok=
     proc = subprocess.run(
         [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local",
          "-e", f"ansible_python_interpreter={ROOT / '.venv' / 'bin' / 'python'}",
-         "-e", f"@{extra_file}", str(playbook)],
+         "-e", f"@{extra_file}", "-vvv", str(playbook)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     output = proc.stdout + proc.stderr
     assert key not in output
+    for written in tmp_path.rglob("*"):  # what the run wrote (extra.json holds the key)
+        if written.is_file() and written.name != "extra.json":
+            assert key not in written.read_text(errors="replace"), written
     assert (proc.returncode == 0) is expect_ok, output[-5000:]
     recap = re.search(r"localhost\s+: ok=\d+\s+changed=(\d+)", output)
     return int(recap.group(1)), output
@@ -95,6 +98,14 @@ def test_pooling_model_create_keep_replace(playbook, tmp_path):
     assert first["Config"]["Labels"]["org.gpufleet.model"] == \
         "sentence-transformers/all-MiniLM-L6-v2"
     assert "--runner" in first["Args"] and "pooling" in first["Args"]
+    # hardened: no capability, no privilege gain, and vLLM CPU serves that way
+    assert first["HostConfig"]["CapDrop"] == ["ALL"] and not first["HostConfig"]["CapAdd"]
+    assert "no-new-privileges" in first["HostConfig"]["SecurityOpt"]
+    # the key is in the environment (VLLM_API_KEY) and nowhere else docker shows
+    assert f"VLLM_API_KEY={key}" in first["Config"]["Env"]
+    shown = json.dumps({k: first[k] for k in ("Args", "Path", "HostConfig", "Name")}) \
+        + json.dumps({k: v for k, v in first["Config"].items() if k != "Env"})
+    assert key not in shown
 
     url = f"http://127.0.0.1:{port}"
     assert requests.get(f"{url}/v1/models", timeout=10).status_code == 401

@@ -1,6 +1,6 @@
 """gpufleet.arch: the one compute-capability table and parser, and its users.
 
-Issue #13 item 14: architecture facts lived in gpu.py, cuda.py, hoststack.py and
+Before this table, architecture facts lived in gpu.py, cuda.py, hoststack.py and
 tune.py with three parsers, and an unknown compute capability passed cuda.py silently.
 """
 import pathlib

@@ -103,3 +103,81 @@ def test_documented_options_are_the_argument_spec(module, monkeypatch):
             assert doc.get(key, default) == code.get(key, default), \
                 f"{module.name}: option {name} {key}: documented {doc.get(key)!r}, " \
                 f"code {code.get(key)!r}"
+
+
+# ---------------------------------------------------------------------------
+# References, defaults stated once, no pointers outside the repository
+# ---------------------------------------------------------------------------
+
+_SEARCHED = ("README.md", "docs", "roles", "library", "module_utils", "plugins", "playbooks",
+             "scripts", "lab", "molecule", "tests", "inventories", "site.yml")
+_TEXT = (".md", ".py", ".yml", ".yaml", ".sh", ".j2", ".cfg", ".ini")
+
+
+def _files():
+    for top in _SEARCHED:
+        path = ROOT / top
+        for f in [path] if path.is_file() else sorted(path.rglob("*")):
+            if f.is_file() and f.suffix in _TEXT and "fixtures" not in f.parts:
+                yield f
+
+
+def test_every_test_file_named_in_the_repository_exists():
+    import re
+
+    missing = []
+    for f in _files():
+        for name in re.findall(r"\btests/[A-Za-z0-9_/.-]+\.py\b", f.read_text(errors="replace")):
+            if not (ROOT / name).exists():
+                missing.append(f"{f.relative_to(ROOT)}: {name}")
+    assert not missing, missing
+
+
+# A comment or docstring says the fact itself, not where a tracker or a brief said it:
+# "seed 004", "issue item 5", "issue #13 item 7", "Issue 'must show'", "Item 8:".
+_OUTSIDE = r"(?i)\bseed 0\d\d\b|\bissue items?\b|\bissue #13\b|\bissue \d* ?'must show'|^\s*# item \d+:"
+
+
+def test_no_pointer_to_documents_outside_the_repository():
+    import re
+
+    found = [f"{f.relative_to(ROOT)}:{n}: {line.strip()}"
+             for f in _files() if f.name != "test_conventions.py"
+             for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
+             if re.search(_OUTSIDE, line)]
+    assert not found, found
+
+
+def test_preflight_reads_the_other_roles_variables_and_site_yml_repeats_no_default():
+    import re
+
+    preflight = _defaults(ROOT / "roles" / "preflight")
+    for own, other_role, other in (("preflight_driver_branch", "nvidia_driver", "nvidia_driver_branch"),
+                                   ("preflight_vllm_image", "vllm_server", "vllm_server_image")):
+        match = re.fullmatch(r"\{\{ %s \| default\('([^']*)'\) \}\}" % other, preflight[own])
+        assert match, f"preflight's {own} should read {other}: {preflight[own]!r}"
+        assert match.group(1) == _defaults(ROOT / "roles" / other_role)[other], (
+            f"preflight's fallback for {other} differs from roles/{other_role}'s default")
+    site = (ROOT / "site.yml").read_text()
+    assert "preflight_driver_branch" not in site and "preflight_vllm_image" not in site
+
+
+def test_vllm_server_image_and_vllm_version_agree():
+    defaults = _defaults(ROOT / "roles" / "vllm_server")
+    tag = defaults["vllm_server_image"].rsplit(":", 1)[1]
+    assert tag == "v" + defaults["vllm_server_vllm_version"], (
+        f"vllm_server_image {defaults['vllm_server_image']} but vllm_server_vllm_version "
+        f"{defaults['vllm_server_vllm_version']}")
+
+
+def test_every_secret_in_a_molecule_scenario_is_random_per_run():
+    """A token or key written into a scenario would be the same on every run (and in the
+    repository): each comes from a password lookup in the scenario's ephemeral folder
+    (or the environment, where a test passes its own random one)."""
+    import re
+
+    for path in sorted((ROOT / "molecule").glob("*/vars/*.yml")):
+        for key, value in (yaml.safe_load(path.read_text()) or {}).items():
+            if re.search(r"token|api_key|password|secret", key):
+                assert "lookup('ansible.builtin.password'" in str(value), (
+                    f"{path.relative_to(ROOT)}: {key} is fixed ({value!r}); make it random per run")

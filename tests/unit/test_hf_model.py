@@ -116,7 +116,7 @@ def _kill_tree(proc):
 
 
 def test_token_never_appears_in_output_log_or_files(stub, tmp_path):
-    """Issue 6 'must show': grep every output, log and written file for the token."""
+    """The token is never written: grep every output, log and written file for the token."""
     log = tmp_path / "ansible.log"
     dest = tmp_path / "tiny"
     outputs = []
@@ -137,7 +137,7 @@ def test_token_never_appears_in_output_log_or_files(stub, tmp_path):
 
 
 def test_kill_halfway_then_resume_downloads_less(tmp_path, monkeypatch):
-    """Issue 6 'must show': kill the download halfway; the next run resumes."""
+    """Resume: kill the download halfway; the next run resumes."""
     big = os.urandom(24 << 20)
     files = {"config.json": b"{}", "model.safetensors": big}
     dest = tmp_path / "m"
@@ -173,7 +173,7 @@ def test_kill_halfway_then_resume_downloads_less(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_against_olah_offline_mirror(tmp_path, monkeypatch):
-    """Issue 'must show': hf_model against olah (a real mirror, offline over a local git
+    """hf_model against olah (a real mirror, offline over a local git
     repo with git-lfs) downloads LFS and non-LFS files, every hash equals the listing
     and git's own, and a second run reports changed: false."""
     import hashlib

@@ -1,5 +1,5 @@
-"""Hostile-mirror suite (issue #13 items 1-6): gpufleet.hub and hub_mirror against
-mirrors that lie, loop, trickle, flood and redirect.
+"""Hostile-mirror suite: gpufleet.hub and hub_mirror against mirrors that lie, loop,
+trickle, flood and redirect (docs/model-fetch.md, "A hostile or broken mirror").
 
 Each attack is a real HTTP server on 127.0.0.1: tests/hfstub/server.py's HubStub (a
 STAND-IN hub) or HostileServer (a STAND-IN hostile mirror whose answers each test

@@ -123,7 +123,7 @@ def _playbook(tmp_path, folder, port):
       vars:
         hf_site_mirror_models: [{{path: "{folder}"}}]
         hf_site_mirror_root: "{tmp_path / 'site'}"
-        hf_site_mirror_listen: "127.0.0.1:{port}"
+        hf_site_mirror_port: {port}
         hf_site_mirror_nginx_conf_dir: "{tmp_path / 'conf.d'}"
         hf_site_mirror_install: false
         hf_site_mirror_manage_service: false
@@ -139,7 +139,7 @@ def _playbook(tmp_path, folder, port):
 
 @pytest.mark.slow
 def test_role_serves_hf_model_and_hf_download(fetched, tmp_path, monkeypatch):
-    """Issue 'must show': hf_model and `hf download` both fetch correctly from the site
+    """hf_model and `hf download` both fetch correctly from the site
     mirror (nginx, sendfile), with hashes, ETag, X-Repo-Commit, Range and error codes."""
     from hfstub.nginxlab import Nginx, free_port
     from hfstub.venvs import tool_venv
@@ -210,7 +210,7 @@ def _docker_image_exists(ref):
 
 @pytest.mark.slow
 def test_vllm_serve_loads_a_model_through_the_site_mirror(tmp_path, monkeypatch):
-    """Issue 'must show': `vllm serve ORG/NAME` with HF_ENDPOINT set to the site mirror
+    """`vllm serve ORG/NAME` with HF_ENDPOINT set to the site mirror
     loads the model (no folder mounted: the mirror is its only source) and answers."""
     import time
 

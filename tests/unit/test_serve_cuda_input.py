@@ -1,5 +1,5 @@
 """cuda_compat, vllm_serve_plan and nvidia_driver_plan: bad versions, ports, addresses
-and branches are clear errors that say what to do (issue #13 item 8). Each case was a
+and branches are clear errors that say what to do. Each case was a
 traceback or a wrong answer at f11dbb6.
 """
 import pytest
@@ -9,7 +9,7 @@ from helpers import run_module
 
 
 # --------------------------------------------------------------------------------------
-# Item 8: cuda_compat, vllm_serve_plan, nvidia_driver_plan
+# cuda_compat, vllm_serve_plan, nvidia_driver_plan
 # --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,fragment", [

@@ -1,5 +1,5 @@
 """vllm_tune: every bad config.json field, safetensors header and option is a clear
-error (issue #13 item 7). Each case was a traceback or a wrong answer at f11dbb6.
+error. Each case was a traceback or a wrong answer at f11dbb6.
 """
 import json
 import struct
@@ -19,7 +19,7 @@ BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
 
 
 # --------------------------------------------------------------------------------------
-# Item 7: vllm_tune, config.json fields
+# vllm_tune: config.json fields
 # --------------------------------------------------------------------------------------
 
 BAD_FIELDS = [
@@ -120,7 +120,7 @@ def test_a_good_safetensors_header_still_reads(tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# Item 7: vllm_tune options
+# vllm_tune: options
 # --------------------------------------------------------------------------------------
 
 BAD_OPTIONS = [
@@ -167,3 +167,26 @@ def test_vllm_tune_module_fails_clearly(args, fragment, monkeypatch):
     result, failed = run_module(vllm_tune.main, params, monkeypatch)
     assert failed and fragment in result["msg"], result
     assert "--tensor-parallel-size" not in json.dumps(result.get("args", []))
+
+
+# vllm_tune: no secret in extra_args
+@pytest.mark.parametrize("extra", [["--api-key", "KEY-VALUE-1234"], ["--api-key=KEY-VALUE-1234"],
+                                   ["--enforce-eager", "--api-key", "KEY-VALUE-1234"]])
+def test_an_api_key_in_extra_args_is_refused_without_the_key(extra):
+    from gpufleet import tune
+
+    with pytest.raises(tune.TuneError, match="vllm_server_api_key") as exc:
+        tune.check_extra_args(extra)
+    assert "KEY-VALUE-1234" not in str(exc.value)
+    assert tune.models_with_secret_args([{"name": "a", "extra_args": extra},
+                                         {"name": "b", "extra_args": ["--api-key-file-x"]},
+                                         {"name": "c"}]) == ["a"]
+
+
+def test_other_extra_args_pass():
+    from gpufleet import tune
+
+    assert tune.check_extra_args(["--tool-call-parser", "hermes", "--api-keys-are-elsewhere"]) == [
+        "--tool-call-parser", "hermes", "--api-keys-are-elsewhere"]
+    with pytest.raises(tune.TuneError, match="list of strings"):
+        tune.check_extra_args("--enforce-eager")
