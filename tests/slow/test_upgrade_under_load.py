@@ -65,7 +65,13 @@ def playbook(name, extra=None, limit="chat_hosts", check=False):
     if check:
         args.append("--check")
     proc = sh(*args, check=False, env={"ANSIBLE_FORCE_COLOR": "0"})
-    return proc.returncode, proc.stdout + proc.stderr
+    output = proc.stdout + proc.stderr
+    # The whole run, for a person reading a failure (.cache is not in git).
+    logs = ROOT / ".cache/test-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"{os.environ.get('PYTEST_CURRENT_TEST', 'run').split(' ')[0].split('::')[-1]}.log"
+     ).write_text(output)
+    return proc.returncode, output
 
 
 def recap(output):
@@ -92,7 +98,10 @@ def key():
 
 def under_load(url, action, **load_kw):
     """Run action() while the load generator sends requests to url; print the totals."""
-    load = Load(url, key(), CHAT, clients=2, **load_kw).start()
+    # Two clients, each one request after another with a 0.2 s pause (about 5 requests a
+    # second on this machine), for as long as the action runs (at most 40 minutes).
+    load = Load(url, key(), CHAT, clients=2, pause=0.2, max_requests=50000, max_seconds=2400,
+                **load_kw).start()
     try:
         result = action()
     finally:
@@ -218,11 +227,13 @@ def _pid1_start(host):
               "/proc/1/stat").stdout.strip()
 
 
+E_STATE = {"vllm_server_models": chat_models(1024), "vllm_server_image": "gpufleet/vllm-cpu:lab-next",
+           "nvidia_driver_branch": "590"}
+
+
 def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
     boots = {h: _pid1_start(h) for h in CHAT_CONTAINERS}
-    before, after, out = _upgraded({"vllm_server_models": chat_models(1024),
-                                    "vllm_server_image": "gpufleet/vllm-cpu:lab-next",
-                                    "nvidia_driver_branch": "590"}, expect_changed=())
+    before, after, out = _upgraded(E_STATE, expect_changed=())
     for host, container in CHAT_CONTAINERS.items():
         assert _pid1_start(host) != boots[host], f"{host} did not reboot"
         # its vLLM container went down with it and came back
@@ -230,6 +241,15 @@ def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
         xml = sh("docker", "exec", f"gpufleet-lab-{host}", "nvidia-smi", "-q", "-x").stdout
         assert "<driver_version>590.44.01</driver_version>" in xml
     assert "NVIDIA driver 590.44.01 verified" in out
+
+
+def test_an_upgrade_with_nothing_to_change_changes_nothing(lab):
+    before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    rc, out = playbook("playbooks/upgrade.yml", dict(FAST, **E_STATE))
+    assert rc == 0, out[-5000:]
+    assert "lab-h200 (batch lab-h200): nothing to change" in out
+    assert all(r["changed"] == 0 for r in recap(out).values()), recap(out)
+    assert {h: inspect(c) for h, c in CHAT_CONTAINERS.items()} == before
 
 
 # Last: the inventory's own model source (the site mirror, revision main) is left behind.
