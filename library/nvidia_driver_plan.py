@@ -14,6 +14,8 @@ description:
   - Reads the repository's C(Packages) index (apt) or C(repomd.xml) (dnf) first, so an
     unreachable mirror, an unknown branch, a branch that dropped the GPU or a version the
     repository lacks fail here, before any change.
+  - Unless O(trusted), downloads the repository's signing key and accepts it only with
+    the pinned fingerprint (O(key_fingerprint), default NVIDIA's), before any change.
   - Never plans a newer version than the installed one unless O(version) or O(upgrade)
     asks for it.
   - Logic lives in module_utils/gpufleet/hoststack.py.
@@ -79,7 +81,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 repo:
-  description: The repository (name, manager apt/dnf, url, key_url, probe_url).
+  description: The repository (name, manager apt/dnf, url, key_url, key_fingerprint, key, probe_url); key is the verified ASCII-armored signing key, null when trusted.
   type: dict
   returned: always
   sample: {"name": "debian12", "manager": "apt", "url": "http://127.0.0.1:8081/cuda/debian12/x86_64/"}
@@ -106,10 +108,9 @@ plan:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.gpufleet.hoststack import (
-    REPOSITORY_ARGUMENT_SPEC, HostStackError, cuda_repo, kernel_module_flavor, nvswitch_count,
-    plan_driver, read_repository, wants_fabricmanager)
+    REPOSITORY_ARGUMENT_SPEC, HostStackError, gpg_show_keys, kernel_module_flavor, nvswitch_count,
+    plan_driver, repository, wants_fabricmanager)
 from ansible.module_utils.urls import open_url
 
 
@@ -147,12 +148,15 @@ def main():
     p = module.params
 
     def fetch(url):
-        return to_text(open_url(url, timeout=p["timeout"]).read())
+        return open_url(url, timeout=p["timeout"]).read()
+
+    def show_keys(data):
+        return gpg_show_keys(lambda argv, stdin: module.run_command(argv, data=stdin, binary_data=True),
+                             module.get_bin_path("gpg"), data)
 
     try:
         flavor = kernel_module_flavor(p["branch"], p["devices"], p["kernel_module"])
-        repo = cuda_repo(p["distribution"], p["distribution_version"], p["architecture"], p["repo_url"])
-        available = read_repository(repo, fetch, "nvidia_driver_repo_url")
+        repo, available = repository("cuda", p, "nvidia_driver_repo_url", fetch, show_keys)
         nvswitches = nvswitch_count(read_pci(p["sysfs_root"]))
         fabricmanager = wants_fabricmanager(p["fabricmanager"], nvswitches)
         plan = plan_driver(repo["manager"], p["branch"], p["version"], p["upgrade"], flavor,

@@ -9,8 +9,12 @@ short_description: Resolve NVIDIA's CUDA or container-toolkit repository for a h
 description:
   - Returns the repository URL (NVIDIA's for the distribution, or the mirror given), its
     signing key URL, and, for apt repositories, the versions it carries of O(packages).
-  - Fails, changing nothing, when the repository cannot be read or lacks one of
-    O(packages), with a message naming the variable to fix.
+  - Unless O(trusted), downloads the repository's signing key and accepts it only when
+    it holds exactly one primary key with the pinned fingerprint (O(key_fingerprint),
+    default NVIDIA's published one), checked with C(gpg --show-keys --with-colons).
+  - Fails, changing nothing, when a URL is not a clean URL, the repository cannot be
+    read, lacks one of O(packages) or its key has another fingerprint, with a message
+    naming the variable to fix.
   - Logic lives in module_utils/gpufleet/hoststack.py.
 options:
   component:
@@ -44,11 +48,22 @@ EXAMPLES = r"""
     repo_url: http://mirror.example.internal/cuda/debian12/x86_64/
     packages: [cuda-toolkit-12-8]
     setting: cuda_toolkit_repo_url
+
+- name: Check a mirror signed with the site's own key
+  nvidia_repo_info:
+    component: container_toolkit
+    distribution: "{{ ansible_facts.distribution }}"
+    distribution_version: "{{ ansible_facts.distribution_version }}"
+    architecture: "{{ ansible_facts.architecture }}"
+    repo_url: http://mirror.example.internal/libnvidia-container/stable/deb/amd64/
+    key_url: http://mirror.example.internal/keys/site-mirror.asc
+    key_fingerprint: 0123456789ABCDEF0123456789ABCDEF01234567
+    setting: container_toolkit_repo_url
 """
 
 RETURN = r"""
 repo:
-  description: name, manager (apt or dnf), url, key_url, probe_url.
+  description: name, manager (apt or dnf), url, key_url, key_fingerprint, probe_url, and key (the verified ASCII-armored signing key; null when trusted).
   type: dict
   returned: always
 available:
@@ -59,9 +74,8 @@ available:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.gpufleet.hoststack import (
-    REPOSITORY_ARGUMENT_SPEC, HostStackError, container_toolkit_repo, cuda_repo, read_repository)
+    REPOSITORY_ARGUMENT_SPEC, HostStackError, gpg_show_keys, repository)
 from ansible.module_utils.urls import open_url
 
 
@@ -76,14 +90,16 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    resolve = cuda_repo if p["component"] == "cuda" else container_toolkit_repo
 
     def fetch(url):
-        return to_text(open_url(url, timeout=p["timeout"]).read())
+        return open_url(url, timeout=p["timeout"]).read()
+
+    def show_keys(data):
+        return gpg_show_keys(lambda argv, stdin: module.run_command(argv, data=stdin, binary_data=True),
+                             module.get_bin_path("gpg"), data)
 
     try:
-        repo = resolve(p["distribution"], p["distribution_version"], p["architecture"], p["repo_url"])
-        index = read_repository(repo, fetch, p["setting"])
+        repo, index = repository(p["component"], p, p["setting"], fetch, show_keys)
     except HostStackError as exc:
         module.fail_json(msg=str(exc))
     available = None

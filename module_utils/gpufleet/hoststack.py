@@ -23,8 +23,10 @@ Sources:
 - Container toolkit repository: NVIDIA Container Toolkit install guide
   (https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /, rpm/$basearch,
   key https://nvidia.github.io/libnvidia-container/gpgkey).
+- Signing-key fingerprints (NVIDIA_KEY_FINGERPRINTS): see the comments there.
 """
 import re
+import tempfile
 
 # Relative imports work both as gpufleet.hoststack (tests) and as
 # ansible.module_utils.gpufleet.hoststack (modules; Ansible ships the siblings too).
@@ -45,6 +47,25 @@ CUDA_REPO_DISTROS = {
     ("AlmaLinux", "9"): ("rhel9", "dnf"),
 }
 CUDA_REPO_KEYS = {"apt": "3bf863cc.pub", "dnf": "D42D0685.pub"}
+
+# Primary-key fingerprints of NVIDIA's repository signing keys: a downloaded key is used
+# only when its fingerprint is this one (or the one the user pins for a mirror's own key).
+NVIDIA_KEY_FINGERPRINTS = {
+    # 3bf863cc.pub, "cudatools <cudatools@nvidia.com>", signs the Debian/Ubuntu CUDA
+    # repositories: NVIDIA/cuda-repo-management SIGNATURES.md ("Debian repo method 1":
+    # "Primary key fingerprint: EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC").
+    ("cuda", "apt"): "EB693B3035CD5710E231E123A4B469963BF863CC",
+    # D42D0685.pub, signs the RHEL CUDA repositories and RPMs: the same file ("RPM repo
+    # method 1": "Primary key fingerprint: 610C 7B14 E068 A878 070D A4E9 9CD0 A493 D42D 0685").
+    ("cuda", "dnf"): "610C7B14E068A878070DA4E99CD0A493D42D0685",
+    # https://nvidia.github.io/libnvidia-container/gpgkey, "NVIDIA CORPORATION (Open Source
+    # Projects) <cudatools@nvidia.com>", signs the deb and rpm repositories: pinned by that
+    # fingerprint in GoogleCloudDataproc/initialization-actions gpu/install_gpu_driver.sh
+    # (gpg --recv-keys 0xc95b321b61e88c1809c4f759ddcae044f796ecb0) and as the apt::key id of
+    # the libnvidia-container source in public Puppet manifests.
+    ("container_toolkit", "apt"): "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+    ("container_toolkit", "dnf"): "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+}
 CUDA_REPO_ARCH = {"x86_64": "x86_64", "aarch64": "sbsa"}
 CTK_DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
@@ -67,6 +88,9 @@ REPOSITORY_ARGUMENT_SPEC = {
     "distribution_version": {"type": "str", "required": True},
     "architecture": {"type": "str", "required": True},
     "repo_url": {"type": "str", "default": ""},
+    "trusted": {"type": "bool", "default": False},
+    "key_url": {"type": "str", "default": ""},
+    "key_fingerprint": {"type": "str", "default": ""},
     "timeout": {"type": "int", "default": 15},
 }
 
@@ -83,11 +107,64 @@ def _distro(distribution, distribution_version):
     return CUDA_REPO_DISTROS[key]
 
 
-def _mirror(url):
-    url = str(url or "").strip()
-    if url and not re.match(r"^(https?|file)://", url):
-        raise HostStackError(f"repository URL {url!r} is not an http(s):// or file:// URL")
+# What a repository URL may hold: RFC 3986 unreserved and sub-delims, ":", "@", "/" and
+# percent-escapes. Not whitespace or control characters (a newline or a space would add
+# lines or fields to the apt source / yum .repo file the URL is written into), not "#"
+# or "?" (a comment or query has no meaning for a repository), not quotes, "<>", "[]"
+# (apt's option brackets), "\\", "^", "`", "{}", "|". "$" stays: dnf expands $basearch.
+_URL_RE = re.compile(r"^(?:https?://(?:[A-Za-z0-9\-._~%!$&'()*+,;=:]*@)?[A-Za-z0-9.\-]+(?::[0-9]+)?|file://)(/[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*)?$")
+
+
+def repository_url(url, setting="the repository URL variable"):
+    """The one check of a repository (or key) URL a user sets: "" or a clean URL.
+
+    Returns the URL unchanged ("" stays ""); raises HostStackError naming `setting` and
+    the offending character for anything that is not an http(s)://HOST/... or
+    file:///PATH URL made of URL characters only.
+    """
+    text = "" if url is None else str(url)
+    if not text:
+        return ""
+    bad = next((c for c in text if c.isspace() or ord(c) < 0x20 or ord(c) >= 0x7F), None)
+    odd = sorted({c for c in text if not re.match(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/%]", c)})
+    if bad is not None:
+        what = f"the character {bad!r}, which is not part of a URL"
+    elif not re.match(r"^(https?|file)://", text):
+        what = "no http://, https:// or file:// scheme"
+    elif odd:
+        what = f"the character(s) {' '.join(odd)}, which a repository URL may not contain"
+    elif re.search(r"%(?![0-9A-Fa-f]{2})", text):
+        what = "a '%' that is not a %XX escape"
+    elif not _URL_RE.match(text) or text.startswith("file://") and not text.startswith("file:///"):
+        what = "no host (http(s)://HOST/...) or no absolute path (file:///PATH)"
+    else:
+        return text
+    raise HostStackError(
+        f"{setting} {text!r} is not a usable repository URL: it has {what}. Nothing was "
+        "changed. Set it to an http://, https:// or file:/// URL of the mirror (no spaces, "
+        "newlines, quotes, brackets, '#' or '?')")
+
+
+def _mirror(url, setting="the repository URL variable"):
+    url = repository_url(url, setting)
     return url.rstrip("/") + "/" if url else ""
+
+
+def key_fingerprint(value, setting="the key fingerprint variable"):
+    """'eb69 3b30 ... 63cc' -> 'EB693B30...63CC'; "" stays "" (NVIDIA's published key).
+
+    A fingerprint is the full 40 (v4) or 64 (v6) hex digits of the primary key, never a
+    short key id, which anyone can forge.
+    """
+    text = re.sub(r"\s+", "", str(value or "")).upper()
+    if text.startswith("0X"):
+        text = text[2:]
+    if text and not re.fullmatch(r"[0-9A-F]{40}|[0-9A-F]{64}", text):
+        raise HostStackError(
+            f"{setting} {value!r} is not a key fingerprint: give the 40 hex digits of the "
+            "primary key (gpg --show-keys --with-colons KEYFILE, the fpr line after pub), "
+            "not a short key id")
+    return text
 
 
 def _arch(table, architecture):
@@ -97,39 +174,141 @@ def _arch(table, architecture):
     return table[architecture]
 
 
-def cuda_repo(distribution, distribution_version, architecture, mirror_url=""):
+def _key(repo, component, key_url, fingerprint, setting):
+    prefix = setting[:-len("_url")] if setting.endswith("_url") else setting
+    repo["key_url"] = repository_url(key_url, f"{prefix}_key_url") or repo["key_url"]
+    repo["key_fingerprint"] = (key_fingerprint(fingerprint, f"{prefix}_key_fingerprint")
+                               or NVIDIA_KEY_FINGERPRINTS[(component, repo["manager"])])
+    return repo
+
+
+def cuda_repo(distribution, distribution_version, architecture, mirror_url="",
+              setting="nvidia_driver_repo_url", key_url="", fingerprint=""):
     """NVIDIA's CUDA repository (driver and toolkit packages) for this host, or the mirror.
 
-    Returns {"name", "manager", "url", "key_url", "probe_url"}; probe_url is the file
-    whose download proves the repository answers (apt: Release, dnf: repomd.xml).
+    Returns {"name", "manager", "url", "key_url", "key_fingerprint", "probe_url"};
+    probe_url is the file whose download proves the repository answers (apt: Release,
+    dnf: repomd.xml). The key comes from the repository (NVIDIA's or the mirror's copy)
+    unless `key_url` says where; it is used only with the fingerprint `fingerprint`
+    (default: NVIDIA's published one). `setting` is the URL variable named in errors.
     """
     name, manager = _distro(distribution, distribution_version)
-    url = _mirror(mirror_url) or f"{CUDA_REPO_BASE}/{name}/{_arch(CUDA_REPO_ARCH, architecture)}/"
-    return {
+    url = (_mirror(mirror_url, setting)
+           or f"{CUDA_REPO_BASE}/{name}/{_arch(CUDA_REPO_ARCH, architecture)}/")
+    repo = {
         "name": name,
         "manager": manager,
         "url": url,
         "key_url": url + CUDA_REPO_KEYS[manager],
         "probe_url": url + ("Release" if manager == "apt" else "repodata/repomd.xml"),
     }
+    return _key(repo, "cuda", key_url, fingerprint, setting)
 
 
-def container_toolkit_repo(distribution, distribution_version, architecture, mirror_url=""):
-    """NVIDIA's libnvidia-container repository for this host, or the mirror."""
+def container_toolkit_repo(distribution, distribution_version, architecture, mirror_url="",
+                           setting="container_toolkit_repo_url", key_url="", fingerprint=""):
+    """NVIDIA's libnvidia-container repository for this host, or the mirror (as cuda_repo)."""
     _, manager = _distro(distribution, distribution_version)
     if manager == "apt":
         default = f"{CTK_REPO_BASE}/deb/{_arch(CTK_DEB_ARCH, architecture)}/"
     else:
         _arch(CTK_DEB_ARCH, architecture)
         default = f"{CTK_REPO_BASE}/rpm/{architecture}/"
-    url = _mirror(mirror_url) or default
-    return {
+    mirror = _mirror(mirror_url, setting)
+    url = mirror or default
+    repo = {
         "name": "libnvidia-container",
         "manager": manager,
         "url": url,
-        "key_url": url + "gpgkey" if mirror_url else CTK_KEY_URL,
+        "key_url": url + "gpgkey" if mirror else CTK_KEY_URL,
         "probe_url": url + ("Release" if manager == "apt" else "repodata/repomd.xml"),
     }
+    return _key(repo, "container_toolkit", key_url, fingerprint, setting)
+
+
+REPOSITORIES = {"cuda": cuda_repo, "container_toolkit": container_toolkit_repo}
+
+
+def repository(component, params, setting, fetch, show_keys):
+    """What nvidia_repo_info and nvidia_driver_plan do with REPOSITORY_ARGUMENT_SPEC's
+    parameters, in one place: check every URL and the fingerprint, resolve the
+    repository, read it (read_repository) and, unless `trusted`, download and verify its
+    signing key (verify_key). fetch(url) -> bytes. Returns (repo, index); repo["key"] is
+    the verified armored key, or None for a trusted (unsigned) repository.
+    """
+    repo = REPOSITORIES[component](
+        params["distribution"], params["distribution_version"], params["architecture"],
+        params.get("repo_url") or "", setting, params.get("key_url") or "",
+        params.get("key_fingerprint") or "")
+    index = read_repository(repo, lambda url: fetch(url).decode("utf-8", "replace"), setting)
+    repo["key"] = None if params.get("trusted") else verify_key(repo, fetch, show_keys, setting)
+    return repo, index
+
+
+def gpg_show_keys(run, gpg, data):
+    """`gpg --show-keys --with-colons` on key bytes, in a throw-away GnuPG home (no keyring
+    of the host is read or written). run(argv, data) -> (rc, stdout, stderr)."""
+    if not gpg:
+        raise HostStackError(
+            "gpg is not installed on the host, so the repository's signing key cannot be "
+            "checked. Nothing was changed. Install the gpg package (apt-get install gpg / "
+            "dnf install gnupg2) and run again")
+    with tempfile.TemporaryDirectory(prefix="gpufleet-gpg-") as home:
+        rc, out, err = run([gpg, "--homedir", home, "--batch", "--no-tty", "--with-colons",
+                            "--show-keys"], data)
+    return out if rc == 0 else ""
+
+
+def primary_fingerprints(colons):
+    """Fingerprints of the primary keys in `gpg --show-keys --with-colons` output.
+
+    Each primary key is a `pub` record followed by its `fpr` record (field 10); `sub`
+    keys' fingerprints are not primary keys and are skipped.
+    """
+    found, last = [], None
+    for line in str(colons).splitlines():
+        fields = line.split(":")
+        if fields[0] in ("pub", "sub", "sec", "ssb"):
+            last = fields[0]
+        elif fields[0] == "fpr" and last in ("pub", "sec") and len(fields) > 9:
+            found.append(fields[9].upper())
+            last = None
+    return found
+
+
+def verify_key(repo, fetch, show_keys, setting="the repository URL variable"):
+    """Download the repository's signing key and accept it only with the pinned fingerprint.
+
+    fetch(url) -> bytes (raises when unreachable); show_keys(bytes) -> the output of
+    `gpg --show-keys --with-colons` on them. The file must hold exactly one primary key,
+    the expected one: a second key would be trusted by apt too. Returns the key as
+    ASCII-armored text (what deb822's Signed-By embeds). Raises HostStackError naming
+    the expected and the found fingerprints, before anything is changed.
+    """
+    prefix = setting[:-len("_url")] if setting.endswith("_url") else setting
+    expected = repo["key_fingerprint"]
+    try:
+        data = fetch(repo["key_url"])
+    except Exception as exc:  # noqa: BLE001 (every failure means: no key)
+        raise HostStackError(
+            f"the signing key {repo['key_url']} cannot be downloaded ({exc}). Nothing was "
+            f"changed. Check the host reaches it, or set {prefix}_key_url to where your "
+            f"mirror publishes the key (or {prefix}_trusted: true for an unsigned mirror)") from exc
+    found = primary_fingerprints(show_keys(data))
+    if found != [expected]:
+        raise HostStackError(
+            f"the signing key {repo['key_url']} has the fingerprint(s) "
+            f"{', '.join(found) or 'none (not an OpenPGP key)'}, expected exactly "
+            f"{expected}. Nothing was changed. If the repository is your mirror signed with "
+            f"its own key, set {prefix}_key_fingerprint to that key's fingerprint (and "
+            f"{prefix}_key_url to where it is published); otherwise the key or the mirror "
+            "is not NVIDIA's: do not use it")
+    text = data.decode("ascii", "replace") if isinstance(data, bytes) else str(data)
+    if "-----BEGIN PGP PUBLIC KEY BLOCK-----" not in text:
+        raise HostStackError(
+            f"the signing key {repo['key_url']} ({expected}) is binary; publish it "
+            f"ASCII-armored (gpg --armor --export {expected}). Nothing was changed")
+    return text.strip() + "\n"
 
 
 def parse_packages_index(text):

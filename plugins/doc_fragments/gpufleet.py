@@ -36,7 +36,27 @@ options:
     type: str
     required: true
   repo_url:
-    description: Mirror of NVIDIA's repository for this distribution; empty uses NVIDIA's.
+    description:
+      - Mirror of NVIDIA's repository for this distribution; empty uses NVIDIA's.
+      - An http(s)://HOST/... or file:///PATH URL of URL characters only; whitespace,
+        newlines, quotes, brackets, C(#) and C(?) are refused.
+    type: str
+    default: ""
+  trusted:
+    description: The repository is unsigned; its key is neither downloaded nor checked.
+    type: bool
+    default: false
+  key_url:
+    description:
+      - Where the signing key is; empty uses the repository's own copy
+        (C(3bf863cc.pub), RHEL C(D42D0685.pub), container toolkit C(gpgkey)).
+    type: str
+    default: ""
+  key_fingerprint:
+    description:
+      - Fingerprint (40 hex digits) the signing key must have; empty uses NVIDIA's
+        published one (C(hoststack.NVIDIA_KEY_FINGERPRINTS)). Set it for a mirror signed
+        with its own key.
     type: str
     default: ""
   timeout:

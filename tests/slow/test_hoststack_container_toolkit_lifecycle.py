@@ -79,7 +79,8 @@ def test_bad_input_changes_nothing(host):
     assert docker_in(host, "cat", "/etc/docker/daemon.json").stdout == "bridge: none\n"
     docker_in(host, "rm", "/etc/docker/daemon.json")
     assert docker_in(host, "test", "-e", "/usr/bin/dockerd").returncode != 0
-    assert docker_in(host, "test", "-e", "/etc/apt/sources.list.d/nvidia-container-toolkit.list").returncode != 0
+    for name in ("nvidia-container-toolkit.sources", "nvidia-container-toolkit.list"):
+        assert docker_in(host, "test", "-e", f"/etc/apt/sources.list.d/{name}").returncode != 0
 
 
 def test_four_steps_installing_docker(host):

@@ -13,8 +13,25 @@ MODULES = sorted((ROOT / "library").glob("*.py"))
 
 
 def _spec_options(role):
+    """The main entry point's options; for an internal role without one (nvidia_repo:
+    tasks_from preflight / configure only) those of all its entry points, merged (one
+    option name means one thing in a role)."""
     spec = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())
-    return spec["argument_specs"]["main"].get("options", {})
+    if "main" in spec["argument_specs"]:
+        return spec["argument_specs"]["main"].get("options", {})
+    options = {}
+    for entry in spec["argument_specs"].values():
+        for name, option in (entry.get("options") or {}).items():
+            assert options.get(name, option) == option, f"{role.name}: option {name} differs between entry points"
+            options[name] = option
+    return options
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_entry_points_are_task_files(role):
+    spec = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())
+    for entry in spec["argument_specs"]:
+        assert (role / "tasks" / f"{entry}.yml").is_file(), f"{role.name}: entry point {entry} has no tasks/{entry}.yml"
 
 
 def _defaults(role):

@@ -65,7 +65,7 @@ def test_cuda_repo_refuses_unsupported_hosts(dist, ver, arch, match):
 
 
 def test_mirror_must_be_a_url():
-    with pytest.raises(HostStackError, match="not an http"):
+    with pytest.raises(HostStackError, match="no http://, https:// or file:// scheme"):
         hoststack.cuda_repo("Debian", "12", "x86_64", "mirror.internal/cuda")
 
 
@@ -259,7 +259,7 @@ def test_driver_plan_module(lab_repo, monkeypatch):
     import nvidia_driver_plan
     args = {"branch": "580", "distribution": "Debian", "distribution_version": "12.8",
             "architecture": "x86_64", "repo_url": f"{lab_repo}/cuda/debian12/x86_64/",
-            "devices": ADA, "fabricmanager": "enabled",
+            "trusted": True, "devices": ADA, "fabricmanager": "enabled",
             "installed": {"nvidia-open-580": [{"version": "580.65.06-1"}]}}
     result, failed = run_module(nvidia_driver_plan.main, args, monkeypatch, check_mode=True)
     assert not failed and result["changed"] is False
@@ -288,7 +288,7 @@ def test_repo_info_module(lab_repo, monkeypatch):
     import nvidia_repo_info
     args = {"component": "container_toolkit", "distribution": "Ubuntu", "distribution_version": "24.04",
             "architecture": "x86_64", "repo_url": f"{lab_repo}/libnvidia-container/stable/deb/amd64/",
-            "packages": ["nvidia-container-toolkit"], "setting": "container_toolkit_repo_url"}
+            "trusted": True, "packages": ["nvidia-container-toolkit"], "setting": "container_toolkit_repo_url"}
     result, failed = run_module(nvidia_repo_info.main, args, monkeypatch)
     assert not failed
     assert sorted(result["available"]["nvidia-container-toolkit"]) == ["1.17.8-1", "1.18.0-1"]
