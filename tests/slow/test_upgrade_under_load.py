@@ -165,15 +165,20 @@ def test_site_refuses_to_replace_a_serving_container_behind_the_gateway(lab):
     assert inspect(CHAT_CONTAINERS["lab-h200"]) == before
 
 
-def test_control_replacing_without_the_gateway_drops_requests(lab):
-    """Today's behaviour without the gateway: the instance's own port while site.yml
-    replaces its container. This must fail requests, or the zeros below prove nothing."""
+def test_control_replacing_without_the_gateway_drops_requests(lab, tmp_path):
+    """Today's behaviour without the gateway: the instance's own port while vllm_server
+    replaces its container (what site.yml did before the gateway). This must fail
+    requests, or the zeros below prove nothing."""
+    play = tmp_path / "replace.yml"
+    play.write_text("- hosts: lab-h200\n  become: true\n  gather_facts: false\n"
+                    "  roles: [vllm_server]\n")
     (rc, out), totals = under_load(DIRECT, lambda: playbook(
-        "site.yml", {"vllm_server_models": chat_models(1536), "vllm_server_rolling_upgrade": True},
+        str(play), {"vllm_server_models": chat_models(1536), "vllm_server_rolling_upgrade": True},
         limit="lab-h200"))
     assert rc == 0, out[-5000:]
     assert totals["failed"] > 0, totals
-    assert "--max-model-len" in inspect(CHAT_CONTAINERS["lab-h200"])["cmd"]
+    cmd = inspect(CHAT_CONTAINERS["lab-h200"])["cmd"]
+    assert cmd[cmd.index("--max-model-len") + 1] == "1536"
 
 
 def _upgraded(extra, expect_changed=("lab-h200", "lab-a10g")):

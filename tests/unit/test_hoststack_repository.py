@@ -1,4 +1,4 @@
-"""NVIDIA repositories, once and verified (issue #13 items 9 and 15).
+"""NVIDIA repositories, once and verified: one URL rule, keys pinned by fingerprint, one entry point.
 
 - Repository and key URLs go through one helper (hoststack.repository_url) that refuses
   anything that is not a clean URL: a newline or space in nvidia_driver_repo_url used to
