@@ -56,15 +56,30 @@ def sh(*args, check=True, timeout=1800, env=None):
     return proc
 
 
-def playbook(name, extra=None, limit="chat_hosts", check=False):
+OVERLAY = ROOT / "inventories/lab/.test-overlay.yml"  # gitignored; removed after each run
+CHAT_HOSTS = tuple(CHAT_CONTAINERS)
+
+
+def playbook(name, change=None, limit="chat_hosts", check=False, extra=None):
+    """ansible-playbook on the lab. `change` is put in the inventory, as a user changes it
+    (host variables of the hosts in `limit`, from a second inventory file next to the
+    lab's): not as extra vars, which would outrank the rollback's recorded values.
+    `extra`: extra vars (the test's quick gate settings)."""
     args = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY), name]
+    if change:
+        hosts = [h for h in CHAT_HOSTS if limit in ("chat_hosts", h)]
+        OVERLAY.write_text(json.dumps({"all": {"hosts": {h: change for h in hosts}}}))
+        args[3:3] = ["-i", str(OVERLAY)]
     if limit:
         args += ["--limit", limit]
     if extra:
         args += ["-e", json.dumps(extra)]
     if check:
         args.append("--check")
-    proc = sh(*args, check=False, env={"ANSIBLE_FORCE_COLOR": "0"})
+    try:
+        proc = sh(*args, check=False, env={"ANSIBLE_FORCE_COLOR": "0"})
+    finally:
+        OVERLAY.unlink(missing_ok=True)
     output = proc.stdout + proc.stderr
     # The whole run, for a person reading a failure (.cache is not in git).
     logs = ROOT / ".cache/test-logs"
@@ -147,8 +162,8 @@ def test_a_second_site_run_changes_nothing(lab):
 
 def test_upgrade_check_mode_prints_the_plan_and_changes_nothing(lab):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
-    rc, out = playbook("playbooks/upgrade.yml", dict(FAST, vllm_server_models=chat_models(1024)),
-                       check=True)
+    rc, out = playbook("playbooks/upgrade.yml", {"vllm_server_models": chat_models(1024)},
+                       check=True, extra=FAST)
     assert rc == 0, out[-5000:]
     assert "2 batches: 1. lab-h200 (canary); 2. lab-a10g" in out
     assert re.search(r"lab-h200 \(batch lab-h200\): replace vllm-lab-h200-", out), out[-4000:]
@@ -183,7 +198,8 @@ def test_control_replacing_without_the_gateway_drops_requests(lab, tmp_path):
 
 def _upgraded(extra, expect_changed=("lab-h200", "lab-a10g")):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
-    (rc, out), totals = under_load(GATEWAY, lambda: playbook("playbooks/upgrade.yml", dict(FAST, **extra)))
+    (rc, out), totals = under_load(GATEWAY, lambda: playbook("playbooks/upgrade.yml", extra,
+                                                             extra=FAST))
     assert rc == 0, out[-8000:]
     assert totals["failed"] == 0, totals
     assert totals["sent"] >= 20, totals
@@ -216,8 +232,8 @@ def test_d_bad_args_on_the_canary_roll_back_by_themselves(lab):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     bad = chat_models(1024, ["--enforce-eager", "--tokenizer", "/models/no-such-tokenizer"])
     (rc, out), totals = under_load(GATEWAY, lambda: playbook(
-        "playbooks/upgrade.yml", dict(FAST, vllm_server_models=bad,
-                                      vllm_server_image="gpufleet/vllm-cpu:lab-next")))
+        "playbooks/upgrade.yml", {"vllm_server_models": bad,
+                                  "vllm_server_image": "gpufleet/vllm-cpu:lab-next"}, extra=FAST))
     assert rc != 0
     assert "UPGRADE STOPPED at lab-h200" in out and "rolled back to its last good state" in out
     assert totals["failed"] == 0, totals
@@ -250,7 +266,7 @@ def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
 
 def test_an_upgrade_with_nothing_to_change_changes_nothing(lab):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
-    rc, out = playbook("playbooks/upgrade.yml", dict(FAST, **E_STATE))
+    rc, out = playbook("playbooks/upgrade.yml", E_STATE, extra=FAST)
     assert rc == 0, out[-5000:]
     assert "lab-h200 (batch lab-h200): nothing to change" in out
     assert all(r["changed"] == 0 for r in recap(out).values()), recap(out)
