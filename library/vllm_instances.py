@@ -58,28 +58,14 @@ instances:
 """
 
 import json
-import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet.jsonfile import read_json, write_json
 from ansible.module_utils.gpufleet.serve import merge_registry
 
 
-def _read(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} is not a readable JSON list ({exc}); fix or remove it") from exc
-    if not isinstance(data, list):
-        raise ValueError(f"{path} holds {type(data).__name__}, not a list of instances")
-    return data
-
-
 def run(params, check_mode):
-    before = _read(params["path"])
+    before = read_json(params["path"], [], "fix or remove it (site.yml writes it again)")
     updates = {}
     for plan in params["plans"]:
         if not plan.get("host") or "instances" not in plan:
@@ -88,14 +74,7 @@ def run(params, check_mode):
     after = merge_registry(before, updates)
     changed = after != before
     if changed and not check_mode:
-        folder = os.path.dirname(os.path.abspath(params["path"]))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".instances-")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(after, handle, indent=2)
-            handle.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, params["path"])
+        write_json(params["path"], after)
     return {"changed": changed, "instances": after,
             "diff": {"before": json.dumps(before, indent=2) + "\n",
                      "after": json.dumps(after, indent=2) + "\n"}}

@@ -52,27 +52,15 @@ record:
 """
 
 import json
-import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-
-
-def _read(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"the record {path} cannot be read ({exc}); move it aside and run "
-                         "site.yml to record the current state again") from exc
-    return data if isinstance(data, dict) else {}
+from ansible.module_utils.gpufleet.jsonfile import read_json, write_json
 
 
 def run(params, check_mode):
     path = params["path"]
-    before = _read(path)
+    before = read_json(path, {}, "move it aside and run site.yml to record the current "
+                       "state again")
     if params["state"] == "read":
         return {"changed": False, "record": before}
     if not params["record"]:
@@ -80,13 +68,7 @@ def run(params, check_mode):
     after = params["record"]
     changed = before != after
     if changed and not check_mode:
-        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".record-")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(after, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_json(path, after)
     return {"changed": changed, "record": after,
             "diff": {"before": json.dumps(before, indent=2, sort_keys=True) + "\n",
                      "after": json.dumps(after, indent=2, sort_keys=True) + "\n"}}
