@@ -51,11 +51,12 @@ def chat_models(max_model_len=2048, extra_args=("--enforce-eager",)):
 
 
 def sh(*args, check=True, timeout=1800, env=None):
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                          env=dict(os.environ, **(env or {})))
+    # stderr into stdout, in the order they were written: a failure's tail is the end of
+    # the run, not the warnings a tool printed on stderr at its start.
+    proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          cwd=ROOT, timeout=timeout, env=dict(os.environ, **(env or {})))
     if check and proc.returncode:
-        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n"
-                             f"{proc.stderr[-3000:]}")
+        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-8000:]}")
     return proc
 
 
@@ -83,7 +84,7 @@ def playbook(name, change=None, limit="chat_hosts", check=False, extra=None):
         proc = sh(*args, check=False, env={"ANSIBLE_FORCE_COLOR": "0"})
     finally:
         OVERLAY.unlink(missing_ok=True)
-    output = proc.stdout + proc.stderr
+    output = proc.stdout
     # The whole run, for a person reading a failure (.cache is not in git).
     logs = ROOT / ".cache/test-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -135,7 +136,9 @@ def lab():
     if sh("docker", "image", "inspect", "gpufleet/vllm-cpu:lab", check=False).returncode:
         pytest.fail("needs gpufleet/vllm-cpu:lab (scripts/lab.sh images builds it)")
     run = sh("bash", "scripts/lab.sh", "run", check=False, timeout=2400)
-    output = run.stdout + run.stderr
+    output = run.stdout
+    (ROOT / ".cache/test-logs").mkdir(parents=True, exist_ok=True)
+    (ROOT / ".cache/test-logs/lab-run.log").write_text(output)
     try:
         yield {"rc": run.returncode, "output": output}
     finally:
@@ -145,9 +148,17 @@ def lab():
             sh("bash", "scripts/lab.sh", "down", check=False, timeout=900)
 
 
+def failures(out):
+    """Each failed task of a run, with the lines around it (a failure's cause, not only the
+    run's tail)."""
+    lines = out.splitlines()
+    hits = [i for i, line in enumerate(lines) if re.match(r"(fatal|failed): \[", line)]
+    return "\n...\n".join("\n".join(lines[max(0, i - 3):i + 12]) for i in hits)[-8000:]
+
+
 def test_lab_run_serves_through_the_gateway(lab):
     out = lab["output"]
-    assert lab["rc"] == 0, out[-6000:]
+    assert lab["rc"] == 0, failures(out) + "\n=== tail ===\n" + out[-3000:]
     assert "REFUSED by preflight: needs CUDA 13.0, driver gives 12.2" in out
     assert re.search(r"gateway lab-gw http://127\.0\.0\.1:19000 -> " + re.escape(CHAT)
                      + r" \(lab-a10g, lab-h200\): \S", out), out[-3000:]
@@ -160,14 +171,14 @@ def test_a_second_site_run_changes_nothing(lab):
     assert rc != 0 and stats["lab-4090"]["failed"] == 1, out[-3000:]  # refused again, on purpose
     assert {h: s["changed"] for h, s in stats.items() if h != "lab-4090"} == {
         h: 0 for h in stats if h != "lab-4090"}, stats
-    assert {"lab-h200", "lab-a10g", "lab-a100", "lab-gw", "localhost"} <= set(stats)
+    assert {"lab-h200", "lab-a10g", "lab-a100", "lab-gw", "localhost"} <= set(stats), failures(out)
 
 
 def test_upgrade_check_mode_prints_the_plan_and_changes_nothing(lab):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     rc, out = playbook("playbooks/upgrade.yml", {"vllm_server_models": chat_models(1024)},
                        check=True, extra=FAST)
-    assert rc == 0, out[-5000:]
+    assert rc == 0, failures(out) + "\n=== tail ===\n" + out[-3000:]
     assert "2 batches: 1. lab-h200 (canary); 2. lab-a10g" in out
     assert re.search(r"lab-h200 \(batch lab-h200\): replace vllm-lab-h200-", out), out[-4000:]
     assert all(r["changed"] == 0 for r in recap(out).values()), recap(out)
@@ -193,7 +204,7 @@ def test_control_replacing_without_the_gateway_drops_requests(lab, tmp_path):
     (rc, out), totals = under_load(DIRECT, lambda: playbook(
         str(play), {"vllm_server_models": chat_models(1536), "vllm_server_rolling_upgrade": True},
         limit="lab-h200"))
-    assert rc == 0, out[-5000:]
+    assert rc == 0, failures(out) + "\n=== tail ===\n" + out[-3000:]
     assert totals["failed"] > 0, totals
     cmd = inspect(CHAT_CONTAINERS["lab-h200"])["cmd"]
     assert cmd[cmd.index("--max-model-len") + 1] == "1536"
@@ -203,7 +214,7 @@ def _upgraded(extra, expect_changed=("lab-h200", "lab-a10g")):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     (rc, out), totals = under_load(GATEWAY, lambda: playbook("playbooks/upgrade.yml", extra,
                                                              extra=FAST))
-    assert rc == 0, out[-8000:]
+    assert rc == 0, failures(out) + "\n=== tail ===\n" + out[-3000:]
     assert totals["failed"] == 0, totals
     assert totals["sent"] >= 20, totals
     after = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
@@ -275,7 +286,7 @@ def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
 def test_an_upgrade_with_nothing_to_change_changes_nothing(lab):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     rc, out = playbook("playbooks/upgrade.yml", E_STATE, extra=FAST)
-    assert rc == 0, out[-5000:]
+    assert rc == 0, failures(out) + "\n=== tail ===\n" + out[-3000:]
     assert "lab-h200 (batch lab-h200): nothing to change" in out
     assert all(r["changed"] == 0 for r in recap(out).values()), recap(out)
     assert {h: inspect(c) for h, c in CHAT_CONTAINERS.items()} == before
