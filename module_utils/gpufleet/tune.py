@@ -103,9 +103,15 @@ DEFAULTS_BIG = (8192, 1024)
 DEFAULTS_SMALL = (2048, 256)
 # Overhead estimate per GPU (docs/tuning.md "Overhead"): CUDA context, cuBLAS and
 # NCCL workspaces outside torch, CUDA graphs, plus activations of one profiling
-# batch of max_num_batched_tokens and fp32 logits for max_num_seqs rows.
+# batch of max_num_batched_tokens and fp32 logits for max_num_seqs rows. Checked
+# against vLLM's published start-up memory profiles in
+# tests/unit/test_tune_published_memory.py (each case cited there).
 NON_TORCH_BYTES = int(0.75 * GiB)
-NCCL_BYTES_PER_TP = int(0.25 * GiB)
+# NCCL and custom all-reduce buffers, once per GPU when tp > 1: vLLM's non_torch_memory
+# went from 1.79 to 3.58 GiB from tp 1 to tp 2 for Llama-3-8B on an H100
+# (github.com/vllm-project/vllm/pull/10511). Before that check: 0.25 GiB per extra rank,
+# which predicted 5 % more KV cache than vLLM found.
+NCCL_BYTES = int(1.75 * GiB)
 CUDA_GRAPH_BYTES = int(0.5 * GiB)
 
 
@@ -368,18 +374,20 @@ def estimate_overhead_bytes(model, tp, max_num_batched_tokens, max_num_seqs, act
                             enforce_eager=False):
     """Per-GPU memory vLLM uses besides weights and KV cache (an estimate).
 
-    non-torch (CUDA context, cuBLAS) 0.75 GiB + NCCL 0.25 GiB per extra TP rank +
+    non-torch (CUDA context, cuBLAS) 0.75 GiB + NCCL 1.75 GiB when tp > 1 +
     CUDA graphs 0.5 GiB (0 with enforce_eager) + activations of one profiling batch
     (max_num_batched_tokens x (4 x hidden + 3 x intermediate / tp) elements) + fp32
-    logits for max_num_seqs rows of the vocabulary / tp.
+    logits for max_num_seqs rows of the whole vocabulary (vLLM gathers the logits of
+    every rank before sampling, so they do not shrink with tp).
     """
     hidden = model.get("hidden_size") or 0
     inter = model.get("intermediate_size") or 4 * hidden
     vocab = model.get("vocab_size") or 0
     activations = max_num_batched_tokens * (4 * hidden + 3 * inter // tp) * act_bytes
-    logits = max_num_seqs * (vocab // tp) * 4
+    logits = max_num_seqs * vocab * 4
     graphs = 0 if enforce_eager else CUDA_GRAPH_BYTES
-    return NON_TORCH_BYTES + NCCL_BYTES_PER_TP * (tp - 1) + graphs + activations + logits
+    nccl = NCCL_BYTES if tp > 1 else 0
+    return NON_TORCH_BYTES + nccl + graphs + activations + logits
 
 
 def _check_gpus(gpus):
