@@ -163,6 +163,11 @@ def test_lab_run_serves_through_the_gateway(lab):
     assert re.search(r"gateway lab-gw http://127\.0\.0\.1:19000 -> " + re.escape(CHAT)
                      + r" \(lab-a10g, lab-h200\): \S", out), out[-3000:]
     assert key() not in out
+    # nor in the fact cache the run wrote (ansible.cfg: jsonfile under .cache/facts)
+    cached = [f for f in (ROOT / ".cache/facts").iterdir() if f.is_file()]
+    assert any(f.name.endswith("lab-h200") for f in cached), cached
+    for fact_file in cached:
+        assert key() not in fact_file.read_text(errors="replace"), fact_file
 
 
 def test_a_second_site_run_changes_nothing(lab):

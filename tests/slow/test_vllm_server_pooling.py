@@ -69,8 +69,11 @@ def _run(playbook, tmp_path, key, port, max_model_len, extra_args=(), expect_ok=
     }
     extra_file = tmp_path / "extra.json"
     extra_file.write_text(json.dumps(extra))
+    # The fact cache as ansible.cfg has it (jsonfile), in this test's folder: the loop
+    # below greps it with the other files the run wrote.
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_CACHE_PLUGIN="memory")
+               ANSIBLE_CACHE_PLUGIN="jsonfile",
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
     proc = subprocess.run(
         [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local",
          "-e", f"ansible_python_interpreter={ROOT / '.venv' / 'bin' / 'python'}",
@@ -78,6 +81,7 @@ def _run(playbook, tmp_path, key, port, max_model_len, extra_args=(), expect_ok=
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     output = proc.stdout + proc.stderr
     assert key not in output
+    assert any((tmp_path / "facts").glob("*localhost")), "the fact cache was not written"
     for written in tmp_path.rglob("*"):  # what the run wrote (extra.json holds the key)
         if written.is_file() and written.name != "extra.json":
             assert key not in written.read_text(errors="replace"), written
