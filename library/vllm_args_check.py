@@ -74,7 +74,8 @@ seconds:
 import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gpufleet.serve import LABEL_PREFIX, args_check_command, args_check_verdict
+from ansible.module_utils.gpufleet.serve import (LABEL_PREFIX, args_check_command, args_check_verdict,
+                                                 remove_container)
 
 try:
     import docker
@@ -89,7 +90,7 @@ def run(params, client):
     """Run the throwaway container; return (accepted, exit_code, logs, seconds)."""
     start = time.monotonic()
     try:  # a container left by an interrupted earlier check
-        client.containers.get(params["name"]).remove(force=True)
+        remove_container(client.containers.get(params["name"]), docker_errors.NotFound)
     except docker_errors.NotFound:
         pass
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **params["env"]}
@@ -104,7 +105,7 @@ def run(params, client):
             exit_code = None
         logs = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
     finally:
-        container.remove(force=True)
+        remove_container(container, docker_errors.NotFound)
     accepted, message = args_check_verdict(exit_code, logs)
     return accepted, exit_code, message, round(time.monotonic() - start, 1)
 

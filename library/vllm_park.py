@@ -62,7 +62,7 @@ previous:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gpufleet.serve import previous_name
+from ansible.module_utils.gpufleet.serve import previous_name, remove_container
 
 try:
     import docker
@@ -95,7 +95,7 @@ def run(params, client, check_mode):
             return False
         if not check_mode:
             if parked is not None:
-                parked.remove(force=True)
+                remove_container(parked, docker_errors.NotFound)
             current.stop(timeout=params["stop_timeout"])
             current.rename(previous_name(name))
         return True
@@ -104,14 +104,14 @@ def run(params, client, check_mode):
             return False
         if not check_mode:
             if current is not None:
-                current.remove(force=True)
+                remove_container(current, docker_errors.NotFound)
             parked.rename(name)
             parked.start()
         return True
     if parked is None:
         return False
     if not check_mode:
-        parked.remove(force=True)
+        remove_container(parked, docker_errors.NotFound)
     return True
 
 

@@ -19,6 +19,7 @@ import socket
 import time
 
 __all__ = [
+    "remove_container",
     "ARGS_CHECK_MODEL", "CONTAINER_PORT", "DIAGNOSES", "LABEL_PREFIX", "NotReady",
     "PlanError", "args_check_command", "args_check_verdict", "check_unique_ports",
     "decide_action", "device_request", "diagnose", "failure_message", "instance_labels",
@@ -252,6 +253,23 @@ def stop_timeout(shutdown_timeout, margin=15):
     --shutdown-timeout (in-flight requests finish) plus a margin for its teardown
     (Docker's default of 10 s would kill a draining server)."""
     return int(shutdown_timeout) + int(margin)
+
+
+def remove_container(container, not_found, attempts=6, pause=5.0, sleep=time.sleep):
+    """container.remove(force=True), tried again after `pause` seconds when the engine
+    answers an error: a loaded Docker engine can answer 500 "tried to kill container,
+    but did not receive an exit event" and remove it a moment later. `not_found` (the
+    docker SDK's NotFound) means it is gone already. The last error is raised."""
+    for attempt in range(1, attempts + 1):
+        try:
+            container.remove(force=True)
+            return
+        except not_found:
+            return
+        except Exception:  # docker.errors.APIError and transport errors
+            if attempt == attempts:
+                raise
+            sleep(pause)
 
 
 # ----------------------------------------------------------------- planning

@@ -708,3 +708,44 @@ def test_shutdown_timeout_in_the_command_and_a_longer_stop_timeout(tmp_path):
                                   container_prefix="v-", default_port=8000, gpu_indexes=[],
                                   gpu_runtime="none", allow_replicas=False)
     assert "--shutdown-timeout" not in plain["command"]
+
+
+# --- removing a container on a loaded engine -------------------------------------
+
+class _Gone(Exception):
+    pass
+
+
+class _Container:
+    """Answers `errors` (exceptions, in order) to remove(), then removes."""
+
+    def __init__(self, errors):
+        self.errors, self.calls = list(errors), 0
+
+    def remove(self, force):
+        assert force is True
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+def test_remove_container_tries_again_when_the_engine_could_not_kill_it_yet():
+    # what CI's Docker engine answered once under load (the control case, 2026-12-01)
+    busy = RuntimeError('500 Server Error: Internal Server Error ("Could not kill running '
+                        'container c3ba..., cannot remove - tried to kill container, but did '
+                        'not receive an exit event")')
+    pauses = []
+    box = _Container([busy, busy])
+    serve.remove_container(box, _Gone, sleep=pauses.append)
+    assert box.calls == 3 and pauses == [5.0, 5.0]
+
+
+def test_remove_container_gives_up_with_the_last_error_and_accepts_a_gone_container():
+    pauses = []
+    box = _Container([RuntimeError(f"busy {i}") for i in range(6)])
+    with pytest.raises(RuntimeError, match="busy 5"):
+        serve.remove_container(box, _Gone, sleep=pauses.append)
+    assert box.calls == 6 and len(pauses) == 5
+    gone = _Container([_Gone()])
+    serve.remove_container(gone, _Gone, sleep=pauses.append)
+    assert gone.calls == 1
