@@ -9,7 +9,7 @@ Each case feeds the estimate the settings of the logged run and the log's own bu
     predicted KV cache memory = budget - weights - estimate
 
 Tolerance: the predicted KV cache memory is within 5 % of the one vLLM logged (5 % is
-the tolerance of vLLM's own memory-profiling test, tests/test_utils.py, PR #12126). KV
+the tolerance of vLLM's own memory-profiling unit test, PR #12126). KV
 cache memory is what decides the tuner's max_model_len and concurrency, so that is the
 figure held; each case also prints the estimate beside vLLM's components.
 """
