@@ -19,12 +19,12 @@ import socket
 import time
 
 __all__ = [
-    "remove_container",
     "ARGS_CHECK_MODEL", "CONTAINER_PORT", "DIAGNOSES", "LABEL_PREFIX", "NotReady",
     "PlanError", "args_check_command", "args_check_verdict", "check_unique_ports",
     "decide_action", "device_request", "diagnose", "failure_message", "instance_labels",
     "local_url", "merge_registry", "model_revision", "plan_instances", "port_is_free",
     "previous_name", "reachable_address", "readiness_request", "registry_entry",
+    "remove_container",
     "settings_hash", "slug", "stop_timeout", "target", "wait_ready",
 ]
 

@@ -85,12 +85,16 @@ def playbook(name, change=None, limit="chat_hosts", check=False, extra=None):
     finally:
         OVERLAY.unlink(missing_ok=True)
     output = proc.stdout
-    # The whole run, for a person reading a failure (.cache is not in git).
+    keep_log(os.environ.get("PYTEST_CURRENT_TEST", "run").split(" ")[0].split("::")[-1], output)
+    return proc.returncode, output
+
+
+def keep_log(name, output):
+    """The whole run in .cache/test-logs/<name>.log, for a person reading a failure (.cache
+    is not in git)."""
     logs = ROOT / ".cache/test-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    (logs / f"{os.environ.get('PYTEST_CURRENT_TEST', 'run').split(' ')[0].split('::')[-1]}.log"
-     ).write_text(output)
-    return proc.returncode, output
+    (logs / f"{name}.log").write_text(output)
 
 
 def recap(output):
@@ -137,8 +141,7 @@ def lab():
         pytest.fail("needs gpufleet/vllm-cpu:lab (scripts/lab.sh images builds it)")
     run = sh("bash", "scripts/lab.sh", "run", check=False, timeout=2400)
     output = run.stdout
-    (ROOT / ".cache/test-logs").mkdir(parents=True, exist_ok=True)
-    (ROOT / ".cache/test-logs/lab-run.log").write_text(output)
+    keep_log("lab-run", output)
     try:
         yield {"rc": run.returncode, "output": output}
     finally:
@@ -156,9 +159,14 @@ def failures(out):
     return "\n...\n".join("\n".join(lines[max(0, i - 3):i + 12]) for i in hits)[-8000:]
 
 
+def why(out):
+    """A failing run's message: its failed tasks, then its tail."""
+    return failures(out) + "\n=== tail ===\n" + out[-3000:]
+
+
 def test_lab_run_serves_through_the_gateway(lab):
     out = lab["output"]
-    assert lab["rc"] == 0, failures(out) + "\n=== tail ===\n" + out[-3000:]
+    assert lab["rc"] == 0, why(out)
     assert "REFUSED by preflight: needs CUDA 13.0, driver gives 12.2" in out
     assert re.search(r"gateway lab-gw http://127\.0\.0\.1:19000 -> " + re.escape(CHAT)
                      + r" \(lab-a10g, lab-h200\): \S", out), out[-3000:]
@@ -183,7 +191,7 @@ def test_upgrade_check_mode_prints_the_plan_and_changes_nothing(lab):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     rc, out = playbook("playbooks/upgrade.yml", {"vllm_server_models": chat_models(1024)},
                        check=True, extra=FAST)
-    assert rc == 0, failures(out) + "\n=== tail ===\n" + out[-3000:]
+    assert rc == 0, why(out)
     assert "2 batches: 1. lab-h200 (canary); 2. lab-a10g" in out
     assert re.search(r"lab-h200 \(batch lab-h200\): replace vllm-lab-h200-", out), out[-4000:]
     assert all(r["changed"] == 0 for r in recap(out).values()), recap(out)
@@ -209,7 +217,7 @@ def test_control_replacing_without_the_gateway_drops_requests(lab, tmp_path):
     (rc, out), totals = under_load(DIRECT, lambda: playbook(
         str(play), {"vllm_server_models": chat_models(1536), "vllm_server_rolling_upgrade": True},
         limit="lab-h200"))
-    assert rc == 0, failures(out) + "\n=== tail ===\n" + out[-3000:]
+    assert rc == 0, why(out)
     assert totals["failed"] > 0, totals
     cmd = inspect(CHAT_CONTAINERS["lab-h200"])["cmd"]
     assert cmd[cmd.index("--max-model-len") + 1] == "1536"
@@ -219,7 +227,7 @@ def _upgraded(extra, expect_changed=("lab-h200", "lab-a10g")):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     (rc, out), totals = under_load(GATEWAY, lambda: playbook("playbooks/upgrade.yml", extra,
                                                              extra=FAST))
-    assert rc == 0, failures(out) + "\n=== tail ===\n" + out[-3000:]
+    assert rc == 0, why(out)
     assert totals["failed"] == 0, totals
     assert totals["sent"] >= 20, totals
     after = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
@@ -291,7 +299,7 @@ def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
 def test_an_upgrade_with_nothing_to_change_changes_nothing(lab):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     rc, out = playbook("playbooks/upgrade.yml", E_STATE, extra=FAST)
-    assert rc == 0, failures(out) + "\n=== tail ===\n" + out[-3000:]
+    assert rc == 0, why(out)
     assert "lab-h200 (batch lab-h200): nothing to change" in out
     assert all(r["changed"] == 0 for r in recap(out).values()), recap(out)
     assert {h: inspect(c) for h, c in CHAT_CONTAINERS.items()} == before

@@ -73,10 +73,7 @@ CASES = {
 
 
 def estimate(case):
-    model = {"hidden_size": case["model"]["hidden_size"],
-             "intermediate_size": case["model"]["intermediate_size"],
-             "vocab_size": case["model"]["vocab_size"]}
-    return t.estimate_overhead_bytes(model, case["tp"], case["mnbt"], case["seqs"],
+    return t.estimate_overhead_bytes(case["model"], case["tp"], case["mnbt"], case["seqs"],
                                      act_bytes=2, enforce_eager=not case["graphs_in_budget"])
 
 
