@@ -50,16 +50,27 @@ def chat_models(max_model_len=2048, extra_args=("--enforce-eager",)):
              "extra_args": list(extra_args)}]
 
 
-def sh(*args, check=True, timeout=1800, env=None):
-    # stderr into stdout, in the order they were written: a failure's tail is the end of
-    # the run, not the warnings a tool printed on stderr at its start.
-    proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          cwd=ROOT, timeout=timeout, env=dict(os.environ, **(env or {})))
+def sh(*args, check=True, timeout=1800, env=None, log=None):
+    """Run a command, stderr into stdout in the order they were written (a failure's tail
+    is the end of the run, not the warnings a tool printed on stderr at its start). With
+    `log` (a name), the output is written to .cache/test-logs/<log>.log while it runs, for
+    a person following a long playbook run (.cache is not in git)."""
+    kw = dict(stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=timeout,
+              env=dict(os.environ, **(env or {})))
+    if log:
+        path = LOGS / f"{log}.log"
+        LOGS.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as out:
+            proc = subprocess.run(args, stdout=out, **kw)
+        proc.stdout = path.read_text()
+    else:
+        proc = subprocess.run(args, stdout=subprocess.PIPE, **kw)
     if check and proc.returncode:
         raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-8000:]}")
     return proc
 
 
+LOGS = ROOT / ".cache/test-logs"
 OVERLAY = ROOT / "inventories/lab/.test-overlay.yml"  # gitignored; removed after each run
 CHAT_HOSTS = tuple(CHAT_CONTAINERS)
 
@@ -80,21 +91,12 @@ def playbook(name, change=None, limit="chat_hosts", check=False, extra=None):
         args += ["-e", json.dumps(extra)]
     if check:
         args.append("--check")
+    test = os.environ.get("PYTEST_CURRENT_TEST", "run").split(" ")[0].split("::")[-1]
     try:
-        proc = sh(*args, check=False, env={"ANSIBLE_FORCE_COLOR": "0"})
+        proc = sh(*args, check=False, env={"ANSIBLE_FORCE_COLOR": "0"}, log=test)
     finally:
         OVERLAY.unlink(missing_ok=True)
-    output = proc.stdout
-    keep_log(os.environ.get("PYTEST_CURRENT_TEST", "run").split(" ")[0].split("::")[-1], output)
-    return proc.returncode, output
-
-
-def keep_log(name, output):
-    """The whole run in .cache/test-logs/<name>.log, for a person reading a failure (.cache
-    is not in git)."""
-    logs = ROOT / ".cache/test-logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    (logs / f"{name}.log").write_text(output)
+    return proc.returncode, proc.stdout
 
 
 def recap(output):
@@ -121,9 +123,10 @@ def key():
 
 def under_load(url, action, **load_kw):
     """Run action() while the load generator sends requests to url; print the totals."""
-    # Two clients, each one request after another with a 0.2 s pause (about 5 requests a
-    # second on this machine), for as long as the action runs (at most 40 minutes).
-    load = Load(url, key(), CHAT, clients=2, pause=0.2, max_requests=50000, max_seconds=2400,
+    # Two clients, each one request after another with a 1 s pause (about 1.5 requests a
+    # second: no second without a request in flight or starting, while leaving this small
+    # machine's cores to the rollout), for as long as the action runs (at most 40 minutes).
+    load = Load(url, key(), CHAT, clients=2, pause=1.0, max_requests=50000, max_seconds=2400,
                 **load_kw).start()
     try:
         result = action()
@@ -139,9 +142,8 @@ def under_load(url, action, **load_kw):
 def lab():
     if sh("docker", "image", "inspect", "gpufleet/vllm-cpu:lab", check=False).returncode:
         pytest.fail("needs gpufleet/vllm-cpu:lab (scripts/lab.sh images builds it)")
-    run = sh("bash", "scripts/lab.sh", "run", check=False, timeout=2400)
+    run = sh("bash", "scripts/lab.sh", "run", check=False, timeout=2400, log="lab-run")
     output = run.stdout
-    keep_log("lab-run", output)
     try:
         yield {"rc": run.returncode, "output": output}
     finally:
