@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from gpufleet import gateway
+from gpufleet import gateway, upgrade
 from helpers import run_module
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "haproxy"
@@ -214,9 +214,27 @@ def test_parse_show_stat_refuses_other_answers(text):
 
 @pytest.mark.parametrize("status, bad", [
     ("UP", False), ("DRAIN", False), ("MAINT", False), ("MAINT (via b/s)", False),
-    ("DOWN", True), ("UP 1/2", True), ("DOWN 1/3", True), ("NOLB", True), ("no check", True)])
+    ("UP 1/2", False), ("UP 2/3", False),
+    ("DOWN", True), ("DOWN 1/3", True), ("NOLB", True), ("no check", True), ("", True)])
 def test_bad_status(status, bad):
     assert gateway._bad_status(status) is bad
+
+
+def test_watch_a_server_leaving_maintenance_is_not_a_failure():
+    """Real captures (lab-gw, HAProxy 2.6.12): a server set from MAINT to ready shows
+    "UP 1/2" with no failed check until its next check passes. The soak window right
+    after re-enabling a host sees exactly this; it must pass (it failed the image-change
+    rollout here once, and its rollback then dropped 8 requests)."""
+    answers = iter([(FIXTURES / "show-stat-2.6.12-left-maint.csv").read_text(),
+                    (FIXTURES / "show-stat-2.6.12-left-maint-later.csv").read_text()])
+    result = gateway.watch(lambda: next(answers), 1, host="lab-a100", sleep=lambda s: None)
+    assert result["bad_statuses"] == []
+    assert [d["chkfail"] for d in result["deltas"]] == [0]
+    assert upgrade.soak_verdict(result["deltas"], result["bad_statuses"])["ok"]
+    # a failed check while UP is still caught, by its counter
+    failed = [dict(result["deltas"][0], chkfail=1)]
+    verdict = upgrade.soak_verdict(failed, [])
+    assert not verdict["ok"] and "1 failed health checks" in verdict["reasons"][0]
 
 
 def test_watch_deltas_between_two_real_captures():
