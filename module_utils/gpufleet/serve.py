@@ -20,12 +20,12 @@ import time
 
 __all__ = [
     "ARGS_CHECK_MODEL", "CONTAINER_PORT", "DIAGNOSES", "LABEL_PREFIX", "NotReady",
-    "PlanError", "args_check_command", "args_check_verdict", "check_unique_ports",
-    "decide_action", "device_request", "diagnose", "failure_message", "instance_labels",
-    "local_url", "merge_registry", "model_revision", "plan_instances", "port_is_free",
-    "previous_name", "reachable_address", "readiness_request", "registry_entry",
-    "remove_container",
-    "settings_hash", "slug", "stop_timeout", "target", "wait_ready",
+    "PlanError", "args_check_command", "args_check_hash", "args_check_verdict",
+    "check_unique_ports", "decide_action", "device_request", "diagnose", "failure_message",
+    "instance_labels", "local_url", "merge_registry", "model_revision", "plan_instances",
+    "port_is_free", "previous_name", "reachable_address", "readiness_request",
+    "registry_entry", "remove_container", "settings_hash", "slug", "stop_timeout", "target",
+    "wait_ready",
 ]
 
 # The port vLLM listens on inside its container (vLLM's default; the official image's
@@ -449,8 +449,7 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             "served_model_name": served,
             "runner": "pooling" if settings.get("runner") == "pooling" else "generate",
             "settings_hash": spec_hash, "revision": revision, "image": image,
-            # replicas differ only in GPUs and port: one argument check covers them all
-            "args_hash": settings_hash([command, env]),
+            "args_hash": args_check_hash(image_id, command, env),
             "labels": instance_labels(model["name"], revision, image_id, spec_hash, served,
                                       {LABEL_PREFIX + "port": port + number}),
         })
@@ -511,6 +510,18 @@ def decide_action(instance, existing):
 def args_check_command(command):
     """The instance's command with the model replaced by a path that cannot exist."""
     return [ARGS_CHECK_MODEL] + list(command[1:])
+
+
+def args_check_hash(image_id, command, env):
+    """What the argument check of an instance depends on: the image, the arguments and
+    the environment, without the values of --host and --port (ours, checked by the plan:
+    an address and a TCP port). So one check covers the replicas of a host, which differ
+    only in GPUs and port, and the same instance on the next hosts of a rolling upgrade
+    (roles/vllm_server/tasks/preflight.yml)."""
+    args = args_check_command(command)
+    args = ["<address>" if i and args[i - 1] in ("--host", "--port") else arg
+            for i, arg in enumerate(args)]
+    return settings_hash([image_id, args, env])
 
 
 def args_check_verdict(exit_code, log_text):

@@ -196,6 +196,31 @@ def test_plan_replicas_one_per_gpu_each_pinned_on_its_own_port():
     assert [i["command"][-1] for i in insts] == [str(p) for p in range(9000, 9008)]
     assert [i["device_ids"] for i in insts] == [[n] for n in range(8)]
     assert len({i["settings_hash"] for i in insts}) == 8
+    # one argument check covers the 8 replicas: they differ only in GPUs and port
+    assert len({i["args_hash"] for i in insts}) == 1
+
+
+def test_args_check_hash_leaves_out_host_and_port_only():
+    """The same instance on another host of a rolling upgrade (another port or address)
+    needs no second check; another image, argument or environment does."""
+    model = {"name": "m", "path": "/p"}
+    first, = _plan(dict(model, port=18000), TUNE_TP1)
+    other_host, = _plan(dict(model, port=18200), TUNE_TP1, bind_address="10.0.0.7")
+    assert first["args_hash"] == other_host["args_hash"]
+    assert first["settings_hash"] != other_host["settings_hash"]
+    changed = [
+        _plan(model, TUNE_TP1, image_id="sha256:bb")[0],  # another image
+        _plan(model, dict(TUNE_TP1, args=["--max-model-len", "1024"]))[0],  # another value
+        _plan(dict(model, env={"VLLM_X": "1"}), TUNE_TP1)[0],  # another environment
+        _plan(model, TUNE_TP1, shutdown_timeout=30)[0],  # an added flag
+    ]
+    assert first["args_hash"] not in {inst["args_hash"] for inst in changed}
+    assert len({inst["args_hash"] for inst in changed}) == len(changed)
+    # only the value right after --host or --port is left out, wherever it stands
+    assert serve.args_check_hash("i", ["/m", "--port", "1", "--x", "--port"], {}) == \
+        serve.args_check_hash("i", ["/m", "--port", "2", "--x", "--port"], {})
+    assert serve.args_check_hash("i", ["/m", "--x", "1"], {}) != \
+        serve.args_check_hash("i", ["/m", "--x", "2"], {})
 
 
 def test_plan_tensor_parallel_uses_ipc_host_and_the_tuner_env():
