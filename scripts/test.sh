@@ -65,10 +65,8 @@ for s in $scenarios; do
 done
 
 stage "pytest: slow tests (docker, mirrors, vLLM, the whole lab)"
-# The rolling upgrades under load: the settings change and the bad canary run here; the
-# image, model revision and driver-with-reboot changes and the no-op (marker lab_upgrade)
-# would take CI past its 60 minutes on a 2-core machine (docs/upgrades.md, "Status").
-# Run every case by hand with
-#   .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
+# The rolling upgrades under load (marker lab_upgrade) pass by hand but would take CI
+# past its 60 minutes on a 2-core machine (docs/upgrades.md, "Status"). Run them with
+#   GPUFLEET_KEEP_LAB=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
 pytest -q --durations=40 -m "slow and not lab_upgrade" tests
 stage "done"
