@@ -27,9 +27,10 @@ setup_apt() {
 }
 
 setup_venv() {
-  # Rebuilt only when requirements.txt changes (its hash is stamped in the venv).
+  # Rebuilt only when requirements.txt or the file it includes changes (their hash is
+  # stamped in the venv).
   local want have=""
-  want=$(sha256sum requirements.txt | cut -c1-16)
+  want=$(cat requirements.txt requirements-runtime.txt | sha256sum | cut -c1-16)
   [[ -f .venv/.requirements-hash ]] && have=$(cat .venv/.requirements-hash)
   if [[ "$want" != "$have" || ! -x .venv/bin/ansible-playbook ]]; then
     log "venv: installing requirements.txt into .venv/"
