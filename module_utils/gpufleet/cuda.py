@@ -40,7 +40,15 @@ from .arch import parse_compute_capability as _parse_cc
 # mesonbuild/meson mesonbuild/modules/cuda.py `_DRIVER_TABLE_VERSION` ("Copied from:
 # https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html#id7").
 # Key: (CUDA major.minor, update number; 0 = GA).  There is no CUDA 12.7 toolkit.
+# CUDA 7.0 to 10.2 (one row per release of the table: 7.0.28, 7.5.16, 8.0.44, 8.0.61 GA2,
+# 9.0.76, 9.1.85, 9.2.88, 9.2.148 Update 1, 10.0.130, 10.1.105, 10.2.89): the same table
+# as copied into meson at commit 021bf59f6e8981b958d62e058b99ffa1631ef250.
 TOOLKIT_MIN_DRIVER = {
+    ("7.0", 0): "346.46", ("7.5", 0): "352.31",
+    ("8.0", 0): "367.48", ("8.0", 1): "375.26",
+    ("9.0", 0): "384.81", ("9.1", 0): "390.46",
+    ("9.2", 0): "396.26", ("9.2", 1): "396.37",
+    ("10.0", 0): "410.48", ("10.1", 0): "418.39", ("10.2", 0): "440.33",
     ("11.0", 0): "450.51.05", ("11.0", 1): "450.51.06",
     ("11.1", 0): "455.23", ("11.1", 1): "455.32",
     ("11.2", 0): "460.27.03", ("11.2", 1): "460.32.03", ("11.2", 2): "460.32.03",
@@ -86,6 +94,18 @@ MINOR_VERSION_COMPAT_MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65
 # January 2022, R455 evaluation); R470 and R570 from the project's notes
 # (/work/shared/notes/gpu-cuda-facts.md); None where not checked.
 DRIVER_BRANCHES = {
+    # The branches of Table 3 before CUDA 11 (each toolkit's GA driver; the CUDA a branch
+    # reports is its toolkit's; 418.43 reports 10.1 in tests/fixtures/nvidia-smi).
+    346: {"cuda": "7.0", "min_driver": "346.46", "lifecycle": None, "eol": None},
+    352: {"cuda": "7.5", "min_driver": "352.31", "lifecycle": None, "eol": None},
+    367: {"cuda": "8.0", "min_driver": "367.48", "lifecycle": None, "eol": None},
+    375: {"cuda": "8.0", "min_driver": "375.26", "lifecycle": None, "eol": None},
+    384: {"cuda": "9.0", "min_driver": "384.81", "lifecycle": None, "eol": None},
+    390: {"cuda": "9.1", "min_driver": "390.46", "lifecycle": None, "eol": None},
+    396: {"cuda": "9.2", "min_driver": "396.26", "lifecycle": None, "eol": None},
+    410: {"cuda": "10.0", "min_driver": "410.48", "lifecycle": None, "eol": None},
+    418: {"cuda": "10.1", "min_driver": "418.39", "lifecycle": None, "eol": None},
+    440: {"cuda": "10.2", "min_driver": "440.33", "lifecycle": None, "eol": None},
     450: {"cuda": "11.0", "min_driver": "450.51.05", "lifecycle": "LTSB", "eol": "2023-07"},
     455: {"cuda": "11.1", "min_driver": "455.23", "lifecycle": "evaluation", "eol": None},
     460: {"cuda": "11.2", "min_driver": "460.27.03", "lifecycle": "production", "eol": "2022-01"},
@@ -219,8 +239,8 @@ def driver_cuda_version(driver_version):
     if known is None:
         raise ValueError(
             f"driver {driver_version} (branch {branch}) is older than every branch this "
-            f"module knows (oldest {min(DRIVER_BRANCHES)}, CUDA 11.0); it cannot run a "
-            "CUDA 11+ image: install a current driver branch")
+            f"module knows (oldest {min(DRIVER_BRANCHES)}, CUDA "
+            f"{DRIVER_BRANCHES[min(DRIVER_BRANCHES)]['cuda']}); install a current driver branch")
     return DRIVER_BRANCHES[known]["cuda"]
 
 
@@ -689,10 +709,12 @@ def check(driver_version, compute_capabilities=(), cuda_version=None, require_cu
     arch_list = parse_arch_list(image_arch_list) if image_arch_list else None
     toolkit_brand = _toolkit_brand(brand, datacenter_gpu)
 
-    driver_cuda = driver_cuda_version(driver_version)
     branch = branch_of(driver_version)
     required = _cuda_str(parse_cuda_version(cuda_version)) if cuda_version else \
         _required_from_requirements(parsed)
+    if _known_branch(branch) is None:
+        return _older_than_the_table(driver_version, branch, required, requirements)
+    driver_cuda = driver_cuda_version(driver_version)
 
     reasons, notes = [], []  # notes: caveats about the tables, said last
     if branch not in DRIVER_BRANCHES:
@@ -760,6 +782,36 @@ def check(driver_version, compute_capabilities=(), cuda_version=None, require_cu
         "unsatisfied_condition": unsatisfied,
         "reasons": reasons,
         "suggestions": suggestions,
+    }
+
+
+def _older_than_the_table(driver_version, branch, required, requirements):
+    """The verdict for a driver older than every branch of DRIVER_BRANCHES (a well-formed
+    version, so a verdict, not an error): it predates CUDA 7.0, the oldest toolkit the
+    table knows, so it runs no image gpufleet can name, and the toolkit's cuda>= check
+    cannot be evaluated without the CUDA it supports."""
+    oldest = min(DRIVER_BRANCHES)
+    row = DRIVER_BRANCHES[oldest]
+    need = (f"the image needs CUDA {required} (driver >= {min_driver_for_cuda(required)})"
+            if required else "no CUDA version was given")
+    return {
+        "compatible": False,
+        "mode": "incompatible",
+        "required_cuda": required,
+        "driver_cuda": None,
+        "driver_branch": branch,
+        "min_driver": min_driver_for_cuda(required) if required else None,
+        "require_cuda_satisfied": None if not requirements else False,
+        "unsatisfied_condition": None,
+        "reasons": [
+            f"Driver {driver_version} (branch {branch}) is older than the oldest branch in "
+            f"NVIDIA's toolkit/driver table as kept here (R{oldest}, {row['min_driver']}, "
+            f"CUDA {row['cuda']}): the CUDA it supports is older than {row['cuda']}, and "
+            f"{need}. The container toolkit's NVIDIA_REQUIRE_CUDA check was not evaluated."],
+        "suggestions": [
+            "Install a current driver branch (nvidia_driver_branch: 580, the long-term "
+            "branch) for this host's GPUs; check that the branch still supports them "
+            "(Kepler's last branch is R470)."],
     }
 
 

@@ -347,13 +347,18 @@ def upstream_version(version):
 # Driver
 # ---------------------------------------------------------------------------------------
 
+# The branches the driver role installs: those of CUDA 11 and later. The older rows of
+# cuda.DRIVER_BRANCHES give verdicts for hosts that still run them, not install targets.
+INSTALLABLE_BRANCHES = tuple(b for b in sorted(DRIVER_BRANCHES) if b >= 450)
+
+
 def parse_branch(branch):
-    """'580' or 580 -> 580; ValueError naming the known branches otherwise."""
+    """'580' or 580 -> 580; ValueError naming the installable branches otherwise."""
     text = str(branch).strip()
-    if not text.isdigit() or int(text) not in DRIVER_BRANCHES:
+    if not text.isdigit() or int(text) not in INSTALLABLE_BRANCHES:
         raise HostStackError(
             f"driver branch {branch!r} is not a known NVIDIA driver branch; known branches: "
-            f"{', '.join(str(b) for b in sorted(DRIVER_BRANCHES))}. Set nvidia_driver_branch "
+            f"{', '.join(str(b) for b in INSTALLABLE_BRANCHES)}. Set nvidia_driver_branch "
             "to one of them (580 is the current long-term branch)")
     return int(text)
 

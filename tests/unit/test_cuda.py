@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conftest import FIXTURES
-from gpufleet import cuda, gpu
+from gpufleet import cuda, gpu, hoststack
 from helpers import run_module
 
 import cuda_compat
@@ -86,6 +86,58 @@ def test_driver_cuda_version_matches_nvidia_smi(driver, expected, source):
     assert cuda.driver_cuda_version(driver) == expected, source
 
 
+# Every branch NVIDIA published a toolkit for, from Table 3's oldest rows (CUDA 7.0,
+# R346) to R610, and drivers older than the table (R304, R340: CUDA 5/6.5 era): each
+# well-formed driver gets a verdict, never an error (issue 14, "every driver NVIDIA has
+# published"). The real capture telegraf-gtx-1660-ti.xml (418.43, CUDA 10.1) is checked by
+# test_branch_table_matches_real_nvidia_smi_captures below.
+OLD_DRIVERS = [("304.137", None), ("340.108", None), ("346.46", "7.0"), ("352.31", "7.5"),
+               ("367.48", "8.0"), ("375.26", "8.0"), ("384.81", "9.0"), ("390.46", "9.1"),
+               ("396.37", "9.2"), ("410.48", "10.0"), ("418.39", "10.1"), ("430.64", "10.1"),
+               ("440.33", "10.2"), ("450.51.05", "11.0")]
+
+
+@pytest.mark.parametrize("driver,expected", OLD_DRIVERS, ids=[d for d, _ in OLD_DRIVERS])
+def test_every_published_driver_gets_a_verdict(driver, expected):
+    for image_cuda in ("13.0", "12.2", "10.1", "9.0"):  # 13.0: no driver here is new enough
+        # a Pascal GPU (6.1: CUDA 8.0 to 12.x), which every one of these images but 13.0 builds for
+        result = cuda.check(driver, ["6.1"], cuda_version=image_cuda)
+        assert result["driver_cuda"] == expected
+        if expected is None:  # older than the table: never compatible, and says why
+            assert not result["compatible"] and result["mode"] == "incompatible"
+            assert "older than the oldest branch" in result["reasons"][0]
+            assert "nvidia_driver_branch: 580" in result["suggestions"][0]
+        else:  # natively compatible exactly when the driver's CUDA covers the image's
+            native = cuda.parse_cuda_version(expected) >= cuda.parse_cuda_version(image_cuda)
+            assert result["compatible"] is native and result["mode"] in ("native", "incompatible")
+            assert result["suggestions"] or native
+
+
+def test_pre_cuda_11_drivers_have_no_minor_version_compatibility():
+    """Minor-version compatibility starts with CUDA 11 (NVIDIA's compatibility guide):
+    a CUDA 10.2 image on 418 (CUDA 10.1) is refused, while CUDA 12.2 on 535 with a 12.8
+    image runs under it."""
+    assert cuda.check("418.43", cuda_version="10.2")["mode"] == "incompatible"
+    assert cuda.check("535.54.03", cuda_version="12.8")["mode"] == "minor_version"
+
+
+def test_old_driver_verdicts_through_the_module_do_not_fail(monkeypatch):
+    for driver in ("304.137", "418.43"):
+        result, failed = run_module(cuda_compat.main, {
+            "driver_version": driver, "compute_capabilities": ["7.5"],
+            "require_cuda": "cuda>=12.2", "fail_on_incompatible": False}, monkeypatch)
+        assert not failed and result["compatible"] is False, result
+    result, failed = run_module(cuda_compat.main, {
+        "driver_version": "304.137", "require_cuda": "cuda>=12.2"}, monkeypatch)
+    assert failed and "older than the oldest branch" in result["msg"], result
+
+
+def test_the_driver_role_installs_only_cuda_11_era_branches():
+    assert hoststack.INSTALLABLE_BRANCHES[0] == 450 and 580 in hoststack.INSTALLABLE_BRANCHES
+    with pytest.raises(hoststack.HostStackError, match="not a known NVIDIA driver branch"):
+        hoststack.parse_branch("418")
+
+
 # captures that carry a driver version (one RTX PRO 6000 capture has none)
 NVSMI = [p for p in sorted((FIXTURES / "nvidia-smi").glob("*.xml"))
          if "<driver_version>" in p.read_text()]
@@ -103,7 +155,7 @@ def test_branch_table_matches_real_nvidia_smi_captures(path):
     """nvidia-smi prints the driver's CUDA next to its version (tests/fixtures/nvidia-smi,
     SOURCES.md there): the branch table must give the same CUDA for every capture."""
     facts, _ = _capture(path)
-    if cuda.parse_driver_version(facts["driver_version"])[0] < 450:
+    if cuda.parse_driver_version(facts["driver_version"])[0] < min(cuda.DRIVER_BRANCHES):
         with pytest.raises(ValueError, match="older than every branch"):
             cuda.driver_cuda_version(facts["driver_version"])
     else:
@@ -508,7 +560,6 @@ def test_forward_compat_is_never_offered_to_consumer_gpus():
     (dict(driver_version="535"), "driver_version '535' is malformed"),
     (dict(driver_version="535.129.03-1"), "MAJOR.MINOR[.PATCH]"),
     (dict(driver_version=""), "malformed"),
-    (dict(driver_version="390.48"), "older than every branch"),
     (dict(driver_version="535.129.03", cuda_version="13"), "CUDA version '13' is malformed"),
     (dict(driver_version="535.129.03", compute_capabilities=["86"]), "compute capability '86'"),
     (dict(driver_version="535.129.03", require_cuda="cuda>>12"), "'>>' is not an operator"),
