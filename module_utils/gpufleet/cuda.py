@@ -792,7 +792,8 @@ def _older_than_the_table(driver_version, branch, required, requirements):
     cannot be evaluated without the CUDA it supports."""
     oldest = min(DRIVER_BRANCHES)
     row = DRIVER_BRANCHES[oldest]
-    need = (f"the image needs CUDA {required} (driver >= {min_driver_for_cuda(required)})"
+    min_driver = min_driver_for_cuda(required) if required else None
+    need = (f"the image needs CUDA {required} (driver >= {min_driver})"
             if required else "no CUDA version was given")
     return {
         "compatible": False,
@@ -800,7 +801,7 @@ def _older_than_the_table(driver_version, branch, required, requirements):
         "required_cuda": required,
         "driver_cuda": None,
         "driver_branch": branch,
-        "min_driver": min_driver_for_cuda(required) if required else None,
+        "min_driver": min_driver,
         "require_cuda_satisfied": None if not requirements else False,
         "unsatisfied_condition": None,
         "reasons": [
