@@ -1,0 +1,472 @@
+"""Load-test analysis: the matrix to run and what the saved `vllm bench serve` results say.
+
+Plain data in, plain data out; no Ansible imports. The knee uses `kneed` (pinned in
+requirements-runtime.txt), imported only when a knee is looked for.
+
+The matrix
+    `matrix_points()` crosses concurrency levels with (input, output) token pairs and
+    clips them to the instance's max_model_len: vLLM refuses a request whose prompt plus
+    max_tokens exceeds max_model_len, so a pair must have input + output <= max_model_len.
+    A pair that does not fit has its input clipped to max_model_len - output (the longest
+    prompt that fits, which still measures the long-context regime the pair stands for),
+    or is dropped when overflow="drop", when the output alone does not fit, or when the
+    clipped pair repeats one already kept. Every change is returned as a note.
+
+The results
+    Each point is one `vllm bench serve --save-result --max-concurrency C` run, read
+    with the key names vllm/benchmarks/serve.py writes (vllm-project/vllm, read at
+    commit 009e6d4a1cd6ba3fb2a9fc00f4ec06f5297232a1, functions benchmark() and
+    main_async()). vLLM's defaults save percentiles only for ttft, tpot and itl and
+    only p99, so a run must add BENCH_SERVE_FLAGS (e2el too, p50/p90/p99): without
+    them a required key is missing and the result is refused with the file and key.
+    Top-level keys vLLM does not define are ignored, since `--metadata KEY=VALUE`
+    writes arbitrary keys there; the runner passes `--metadata instance=NAME
+    input_len=N output_len=M` (or the caller passes them to point_from_result). A run
+    that produced no result (timed out, crashed) is a failed point: a dict with the
+    concurrency, the pair, the instance and an `error`, and no metrics (failed_point()).
+
+The knee (where more concurrency stops buying output throughput)
+    On the measured points of one (instance, input, output) group, x = concurrency and
+    y = output_throughput (tokens/s), kneed's KneeLocator(curve="concave",
+    direction="increasing", S=knee_sensitivity) finds the point of maximum curvature.
+    Failed points have no throughput and are left out; points past a cliff stay in,
+    because the knee often sits right below a latency cliff and kneed never returns an
+    end point. No knee, with the reason, when: fewer than 3 measured points (kneed needs
+    a point on each side of a bend; with exactly 3 and S=1 it finds one only for a sharp
+    bend, e.g. [100, 200, 200] but not [100, 180, 200], measured with kneed 0.9.0);
+    throughput flat (max - min <= FLAT_TOLERANCE of max: concurrency 1 already
+    saturates, there is no bend); kneed finds none (a straight line: throughput still
+    scales); or kneed answers the first point, which it does for convex or falling
+    curves that have no concave bend.
+
+The cliff (the first concurrency where the service breaks), rules in this order:
+    point_failed          the run itself failed or timed out (a failed point).
+    failed_requests       completed / (completed + failed) < min_success_rate (1.0:
+                          any failed request).
+    rate_below_offered    request_throughput < min_rate_ratio * offered, where offered
+                          is, for a closed loop (request_rate "inf", the matrix's runs),
+                          concurrency / (mean_e2el_ms / 1000) by Little's law (the rate
+                          the C slots would sustain if they were never idle); for an open
+                          loop, request_rate, capped by that closed-loop rate when
+                          --max-concurrency also bounds it. A closed loop falls short
+                          when the client could not keep its slots busy, or when
+                          num_prompts is only a few times the concurrency (the last wave
+                          drains half empty): run at least 10 x concurrency prompts.
+    goodput_below_offered request_goodput (only with --goodput SLOs) < min_rate_ratio *
+                          offered: too many requests missed the SLOs.
+    p99_ttft_jump,        p99 of TTFT (E2E latency) grew, from the previous measured
+    p99_e2el_jump         point, by more than p99_jump x the growth the concurrency
+                          explains. Explained growth = max(1, (C / C_prev) * (X_prev /
+                          X)), X = request_throughput: Little's law's ratio of mean
+                          latencies (latency = C / X). Below saturation X grows with C and
+                          latency should stay flat (explained 1); past it X is flat and
+                          latency grows with C (explained C / C_prev), which is the knee's
+                          regime, not a cliff. For TTFT the same bound flags the step
+                          where requests start to queue in the server for a batch slot.
+    Every rule that fires at every point is listed in `findings`; the cliff is the first
+    of them. Each finding is {"concurrency", "rule", "detail"}, detail a sentence.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import warnings
+
+__all__ = [
+    "BenchError",
+    "BENCH_SERVE_FLAGS",
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_PAIRS",
+    "LAB_CONCURRENCY",
+    "LAB_PAIRS",
+    "FLAT_TOLERANCE",
+    "METRICS",
+    "PERCENTILES",
+    "REQUIRED_KEYS",
+    "ROW_FIELDS",
+    "analyse",
+    "failed_point",
+    "load_result",
+    "matrix_points",
+    "point_from_result",
+    "rows_to_csv",
+]
+
+
+class BenchError(ValueError):
+    """A result, a point or a matrix that cannot be used; the message says which and why."""
+
+
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_PAIRS = ((1000, 512), (10000, 512), (100000, 512), (1000, 128), (50, 20))
+# The lab's small model (max_model_len 1024-2048) on CPU or a small GPU.
+LAB_CONCURRENCY = (1, 2)
+LAB_PAIRS = ((32, 16), (64, 16))
+
+# Latency metrics and percentiles the analysis reads; vLLM writes mean_<m>_ms,
+# median_<m>_ms, std_<m>_ms and p<P>_<m>_ms for each metric named in
+# --percentile-metrics and each P in --metric-percentiles ("50", "90", "99").
+METRICS = ("ttft", "tpot", "itl", "e2el")
+PERCENTILES = ("50", "90", "99")
+BENCH_SERVE_FLAGS = ("--save-result", "--percentile-metrics", ",".join(METRICS),
+                     "--metric-percentiles", ",".join(PERCENTILES))
+
+# Keys of the saved result (serve.py at 009e6d4a: result_json in main_async(), result in
+# benchmark(), process_one_metric()). request_goodput is read when present (null unless
+# --goodput was given).
+_COUNTS = ("completed", "failed")
+_RATES = ("duration", "request_throughput", "output_throughput", "total_token_throughput")
+_TOKENS = ("total_input_tokens", "total_output_tokens")
+_LATENCY_KEYS = tuple(f"{stat}_{m}_ms" for m in METRICS
+                      for stat in ("mean", "median") + tuple("p" + p for p in PERCENTILES))
+REQUIRED_KEYS = ("max_concurrency", "request_rate") + _COUNTS + _TOKENS + _RATES + _LATENCY_KEYS
+
+ROW_FIELDS = (("instance", "input_len", "output_len", "concurrency", "status", "error",
+               "completed", "failed", "success_rate", "duration", "request_rate",
+               "offered_request_rate", "request_throughput", "request_goodput",
+               "output_throughput", "total_token_throughput")
+              + _TOKENS + _LATENCY_KEYS + ("source",))
+
+# Output throughput within 5% from the lowest to the highest concurrency is "flat".
+FLAT_TOLERANCE = 0.05
+KNEE_RULE = "kneed_concave_increasing"
+CLIFF_RULES = ("point_failed", "failed_requests", "rate_below_offered",
+               "goodput_below_offered", "p99_ttft_jump", "p99_e2el_jump")
+
+
+# ---------------------------------------------------------------------------
+# The matrix
+# ---------------------------------------------------------------------------
+
+def _positive_int(value, what):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BenchError(f"{what} must be a positive integer, not {value!r}")
+    return value
+
+
+def matrix_points(concurrency=DEFAULT_CONCURRENCY, pairs=DEFAULT_PAIRS, max_model_len=None,
+                  overflow="clip"):
+    """The runs to make: {"points": [{"input_len", "output_len", "concurrency"}...],
+    "notes": [sentence...]}, pair by pair in the given order, concurrency ascending.
+    With max_model_len, a pair whose input + output exceeds it is clipped (overflow=
+    "clip": input = max_model_len - output) or dropped (overflow="drop"); see the module
+    docstring. Each clip or drop leaves a note."""
+    if overflow not in ("clip", "drop"):
+        raise BenchError(f"overflow must be 'clip' or 'drop', not {overflow!r}")
+    levels = sorted({_positive_int(c, "a concurrency level") for c in concurrency})
+    if not levels:
+        raise BenchError("no concurrency levels given")
+    if max_model_len is not None:
+        _positive_int(max_model_len, "max_model_len")
+    kept, notes = [], []
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise BenchError(f"a pair is (input_len, output_len), not {pair!r}")
+        inp = _positive_int(pair[0], "input_len")
+        out = _positive_int(pair[1], "output_len")
+        if max_model_len is not None and inp + out > max_model_len:
+            over = f"input {inp} + output {out} = {inp + out} > max_model_len {max_model_len}"
+            if out >= max_model_len:
+                notes.append(f"({inp}, {out}) dropped: {over}, and the output alone leaves "
+                             f"no room for a prompt")
+                continue
+            if overflow == "drop":
+                notes.append(f"({inp}, {out}) dropped: {over}")
+                continue
+            clipped = max_model_len - out
+            if (clipped, out) in kept:
+                notes.append(f"({inp}, {out}) dropped: {over}, and clipped to ({clipped}, {out}) "
+                             f"it repeats a pair already in the matrix")
+                continue
+            notes.append(f"({inp}, {out}) clipped to ({clipped}, {out}): {over}")
+            inp = clipped
+        if (inp, out) in kept:
+            notes.append(f"({inp}, {out}) dropped: listed twice")
+            continue
+        kept.append((inp, out))
+    points = [{"input_len": inp, "output_len": out, "concurrency": c}
+              for inp, out in kept for c in levels]
+    return {"points": points, "notes": notes}
+
+
+# ---------------------------------------------------------------------------
+# Reading results
+# ---------------------------------------------------------------------------
+
+def load_result(dict_or_path):
+    """The saved result as a dict: a dict is returned as is, a path is read as JSON.
+    A file written with --append-result holds several documents and is refused."""
+    if isinstance(dict_or_path, dict):
+        return dict_or_path
+    path = os.fspath(dict_or_path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise BenchError(f"{path} cannot be read: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        extra = (" (several results appended with --append-result? save one result per file)"
+                 if "Extra data" in str(exc) else "")
+        raise BenchError(f"{path} is not one JSON document: {exc}{extra}") from exc
+    if not isinstance(data, dict):
+        raise BenchError(f"{path} holds a JSON {type(data).__name__}, not the object "
+                         f"`vllm bench serve --save-result` writes")
+    return data
+
+
+def _number(result, key, source):
+    value = result[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BenchError(f"{source}: key {key!r} is {value!r}, not a number")
+    return value
+
+
+def _label(result, key, given, source):
+    """input_len / output_len / instance: the caller's value, else the --metadata one."""
+    meta = result.get(key)
+    if given is None:
+        return meta
+    if meta is not None and str(meta) != str(given):
+        raise BenchError(f"{source}: key {key!r} is {meta!r} but {given!r} was passed")
+    return given
+
+
+def _length(value, key, source):
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number <= 0 or str(number) != str(value).strip():
+        raise BenchError(f"{source}: {key} is {value!r}, not a positive integer "
+                         f"(pass it, or run with --metadata {key}=N)")
+    return number
+
+
+def point_from_result(result, instance=None, input_len=None, output_len=None, source=None):
+    """One normalized row (ROW_FIELDS) from a saved result (dict or path). input_len,
+    output_len and instance come from the arguments or from the result's --metadata keys
+    of the same names; input and output lengths are required. A missing required key
+    (REQUIRED_KEYS) or a run without --max-concurrency raises BenchError naming the
+    source (the path, or `source`) and the key."""
+    if source is None:
+        source = "<result>" if isinstance(result, dict) else os.fspath(result)
+    result = load_result(result)
+    for key in REQUIRED_KEYS:
+        if key not in result:
+            hint = (f"; run `vllm bench serve` with {' '.join(BENCH_SERVE_FLAGS)}"
+                    if key in _LATENCY_KEYS else "")
+            raise BenchError(f"{source}: required key {key!r} is missing{hint}")
+    concurrency = result["max_concurrency"]
+    if concurrency is None:
+        raise BenchError(f"{source}: key 'max_concurrency' is null: the run had no "
+                         f"--max-concurrency, which the analysis is by")
+    concurrency = _positive_int(concurrency, f"{source}: key 'max_concurrency'")
+    rate = result["request_rate"]
+    if rate != "inf":
+        rate = _number(result, "request_rate", source)
+    row = {"instance": _label(result, "instance", instance, source),
+           "input_len": _length(_label(result, "input_len", input_len, source), "input_len", source),
+           "output_len": _length(_label(result, "output_len", output_len, source), "output_len", source),
+           "concurrency": concurrency, "status": "ok", "error": None,
+           "request_rate": rate, "source": source}
+    for key in _COUNTS:
+        value = result[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BenchError(f"{source}: key {key!r} is {value!r}, not a count")
+        row[key] = value
+    for key in _TOKENS + _RATES + _LATENCY_KEYS:
+        row[key] = _number(result, key, source)
+    goodput = result.get("request_goodput")
+    row["request_goodput"] = None if goodput is None else _number(result, "request_goodput", source)
+    total = row["completed"] + row["failed"]
+    row["success_rate"] = row["completed"] / total if total else 0.0
+    row["offered_request_rate"] = _offered(concurrency, rate, row["mean_e2el_ms"])
+    return {field: row.get(field) for field in ROW_FIELDS}
+
+
+def _offered(concurrency, rate, mean_e2el_ms):
+    closed = concurrency / (mean_e2el_ms / 1000.0) if mean_e2el_ms and mean_e2el_ms > 0 else None
+    if rate == "inf":
+        return closed
+    return rate if closed is None else min(rate, closed)
+
+
+def failed_point(concurrency, input_len, output_len, error, instance=None):
+    """The row of a run that produced no result (timed out, crashed): no metrics."""
+    if not error or not isinstance(error, str):
+        raise BenchError("a failed point needs an error: a sentence saying what happened")
+    row = {field: None for field in ROW_FIELDS}
+    row.update(instance=instance, input_len=_positive_int(input_len, "input_len"),
+               output_len=_positive_int(output_len, "output_len"),
+               concurrency=_positive_int(concurrency, "concurrency"), status="failed",
+               error=error)
+    return row
+
+
+def _row(point):
+    """A row from point_from_result / failed_point, or a caller's failed-point dict
+    {concurrency, input_len, output_len, error[, instance]}."""
+    if not isinstance(point, dict):
+        raise BenchError(f"a point is a dict, not {type(point).__name__}")
+    if point.get("error"):
+        metrics = [k for k in _RATES + _LATENCY_KEYS if point.get(k) is not None]
+        if metrics:
+            raise BenchError(f"the point at concurrency {point.get('concurrency')} has an error "
+                             f"and metrics ({', '.join(metrics)}): a failed point has none")
+        return failed_point(point.get("concurrency"), point.get("input_len"),
+                            point.get("output_len"), point["error"], point.get("instance"))
+    missing = [k for k in ROW_FIELDS if k not in point]
+    if missing:
+        raise BenchError(f"the point at concurrency {point.get('concurrency')} is neither a "
+                         f"row of point_from_result (missing {', '.join(missing)}) nor a "
+                         f"failed point (no 'error')")
+    return point
+
+
+# ---------------------------------------------------------------------------
+# Analysis
+# ---------------------------------------------------------------------------
+
+def _finding(concurrency, rule, detail):
+    return {"concurrency": concurrency, "rule": rule, "detail": detail}
+
+
+def _fmt(value):
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _knee(measured, sensitivity):
+    """(finding or None, reason or None) on the measured rows, concurrency ascending."""
+    xs = [r["concurrency"] for r in measured]
+    ys = [float(r["output_throughput"]) for r in measured]
+    if len(xs) < 3:
+        return None, (f"no knee: only {len(xs)} measured point(s); kneed needs at least 3 "
+                      f"to see a bend")
+    top, low = max(ys), min(ys)
+    if top <= 0 or top - low <= FLAT_TOLERANCE * top:
+        return None, (f"no knee: output throughput is flat ({_fmt(low)}-{_fmt(top)} tok/s "
+                      f"from concurrency {xs[0]} to {xs[-1]}, within "
+                      f"{FLAT_TOLERANCE:.0%}): concurrency {xs[0]} already saturates")
+    try:
+        from kneed import KneeLocator
+    except ImportError as exc:
+        raise BenchError("the knee needs the kneed package (requirements-runtime.txt): "
+                         "pip install -r requirements-runtime.txt") from exc
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        knee = KneeLocator(xs, ys, curve="concave", direction="increasing", S=sensitivity).knee
+    how = (f"kneed KneeLocator(curve='concave', direction='increasing', S={sensitivity}) "
+           f"on {len(xs)} points")
+    if knee is None:
+        return None, (f"no knee: {how} found none: output throughput keeps growing without a "
+                      f"bend ({_fmt(ys[0])} tok/s at concurrency {xs[0]}, {_fmt(ys[-1])} at "
+                      f"{xs[-1]})")
+    index = min(range(len(xs)), key=lambda i: abs(xs[i] - float(knee)))
+    if index == 0:
+        return None, (f"no knee: {how} answered the first point, as it does for a curve with "
+                      f"no concave bend (convex or falling)")
+    c, y, last = xs[index], ys[index], ys[-1]
+    gain = f"{(last - y) / y:+.0%}" if y else "n/a"
+    return _finding(c, KNEE_RULE, (
+        f"more concurrency stops buying output throughput at concurrency {c}: {_fmt(y)} tok/s "
+        f"there, {_fmt(last)} tok/s at concurrency {xs[-1]} ({gain} for {xs[-1] / c:g}x the "
+        f"concurrency); {how}")), None
+
+
+def _cliff_findings(rows, p99_jump, min_rate_ratio, min_success_rate):
+    findings, prev = [], None
+    for row in rows:
+        c = row["concurrency"]
+        if row["status"] == "failed":
+            findings.append(_finding(c, "point_failed",
+                                     f"the run at concurrency {c} produced no result: {row['error']}"))
+            continue
+        total = row["completed"] + row["failed"]
+        if row["success_rate"] < min_success_rate:
+            findings.append(_finding(c, "failed_requests", (
+                f"{row['failed']} of {total} requests failed at concurrency {c} (success rate "
+                f"{row['success_rate']:.1%}, below {min_success_rate:.1%})")))
+        offered = row["offered_request_rate"]
+        if offered:
+            loop = ("closed loop: concurrency / mean E2E latency" if row["request_rate"] == "inf"
+                    else "open loop: the configured request rate")
+            for rule, key, what in (("rate_below_offered", "request_throughput", "request throughput"),
+                                    ("goodput_below_offered", "request_goodput", "goodput")):
+                achieved = row[key]
+                if achieved is not None and achieved < min_rate_ratio * offered:
+                    findings.append(_finding(c, rule, (
+                        f"{what} at concurrency {c} is {achieved:.3g} req/s, "
+                        f"{achieved / offered:.0%} of the {offered:.3g} req/s offered ({loop}); "
+                        f"the bound is {min_rate_ratio:.0%}")))
+        if prev is not None and row["request_throughput"] > 0:
+            explained = max(1.0, (c / prev["concurrency"])
+                            * (prev["request_throughput"] / row["request_throughput"]))
+            for metric, name in (("ttft", "TTFT"), ("e2el", "E2E latency")):
+                before, now = prev[f"p99_{metric}_ms"], row[f"p99_{metric}_ms"]
+                if before > 0 and now / before > p99_jump * explained:
+                    findings.append(_finding(c, f"p99_{metric}_jump", (
+                        f"p99 {name} jumped {now / before:.1f}x from concurrency "
+                        f"{prev['concurrency']} to {c} ({_fmt(before)} -> {_fmt(now)} ms), more "
+                        f"than {p99_jump:g} x the {explained:.2f}x that concurrency and request "
+                        f"throughput explain (Little's law)")))
+        prev = row
+    return findings
+
+
+def analyse(points, p99_jump=2.0, min_rate_ratio=0.8, min_success_rate=1.0, knee_sensitivity=1.0):
+    """Group the points by (instance, input_len, output_len) and return, group by group
+    (sorted), {"instance", "input_len", "output_len", "rows" (by concurrency), "knee",
+    "cliff", "why_no_knee", "why_no_cliff", "findings"}: knee and cliff are findings
+    {"concurrency", "rule", "detail"} or None, with the reason in why_no_*. Points are
+    rows of point_from_result / failed_point or failed-point dicts (module docstring)."""
+    if not (isinstance(p99_jump, (int, float)) and p99_jump >= 1):
+        raise BenchError(f"p99_jump must be a factor >= 1, not {p99_jump!r}")
+    if not (isinstance(min_rate_ratio, (int, float)) and 0 < min_rate_ratio <= 1):
+        raise BenchError(f"min_rate_ratio must be in (0, 1], not {min_rate_ratio!r}")
+    if not (isinstance(min_success_rate, (int, float)) and 0 < min_success_rate <= 1):
+        raise BenchError(f"min_success_rate must be in (0, 1], not {min_success_rate!r}")
+    groups = {}
+    for point in points:
+        row = _row(point)
+        key = (row["instance"], row["input_len"], row["output_len"])
+        group = groups.setdefault(key, {})
+        c = row["concurrency"]
+        if c in group:
+            raise BenchError(f"two results for instance {key[0]}, pair ({key[1]}, {key[2]}) at "
+                             f"concurrency {c}: {group[c].get('source') or group[c].get('error')} "
+                             f"and {row.get('source') or row.get('error')}")
+        group[c] = row
+    out = []
+    for key in sorted(groups, key=lambda k: ("" if k[0] is None else str(k[0]), k[1], k[2])):
+        rows = [groups[key][c] for c in sorted(groups[key])]
+        measured = [r for r in rows if r["status"] == "ok"]
+        knee, why_no_knee = _knee(measured, knee_sensitivity)
+        findings = _cliff_findings(rows, p99_jump, min_rate_ratio, min_success_rate)
+        cliff = findings[0] if findings else None
+        why_no_cliff = None if cliff else (
+            f"no cliff: no rule fired on the {len(rows)} point(s), concurrency "
+            f"{rows[0]['concurrency']} to {rows[-1]['concurrency']}")
+        out.append({"instance": key[0], "input_len": key[1], "output_len": key[2],
+                    "rows": rows, "knee": knee, "cliff": cliff, "why_no_knee": why_no_knee,
+                    "why_no_cliff": why_no_cliff, "findings": findings})
+    return out
+
+
+def rows_to_csv(rows):
+    """The rows as CSV text, one column per ROW_FIELDS entry, empty cells for None."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=ROW_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        unknown = set(row) - set(ROW_FIELDS)
+        if unknown:
+            raise BenchError(f"a row has keys that are not ROW_FIELDS: {sorted(unknown)}")
+        writer.writerow({k: ("" if row.get(k) is None or (isinstance(row.get(k), float)
+                                                       and math.isnan(row[k])) else row[k])
+                         for k in ROW_FIELDS})
+    return buffer.getvalue()

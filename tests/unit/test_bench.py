@@ -1,0 +1,397 @@
+"""Load-test analysis (gpufleet.bench): the matrix, reading saved `vllm bench serve`
+results, the knee and the cliff.
+
+The one result file, tests/fixtures/bench/serve-c8-1000x512.json, has the exact key
+structure vLLM writes but synthetic values (tests/fixtures/bench/SOURCES.md). The
+curves are synthetic with a knee and a cliff put where the test says; every expected
+number is derived in the test from the curve, not read back from the code under test.
+"""
+import csv
+import io
+import json
+import shutil
+
+import pytest
+
+from conftest import FIXTURES
+from gpufleet import bench as b
+
+FIXTURE = FIXTURES / "bench" / "serve-c8-1000x512.json"
+C = [1, 2, 4, 8, 16, 32, 64]
+NOISE = dict(zip(C, [1.01, 0.98, 1.01, 1.02, 0.99, 1.01, 0.98]))
+
+
+def result(c, out_tput, output_len=512, input_len=1000, p99_ttft=100.0, p99_e2el=None,
+           failed=0, completed=None, goodput=None, request_rate="inf", instance="i0"):
+    """A saved result with every key vLLM writes (as in the fixture), consistent with a
+    closed loop: request throughput = output throughput / output_len, mean E2E by Little's
+    law (concurrency / request throughput), p99 E2E 10% above the mean unless given."""
+    data = json.loads(FIXTURE.read_text())
+    req_tput = out_tput / output_len
+    mean_e2el = 1000.0 * c / req_tput if req_tput else 0.0
+    completed = 10 * c if completed is None else completed
+    data.update(max_concurrency=c, request_rate=request_rate, completed=completed,
+                failed=failed, request_throughput=req_tput, output_throughput=out_tput,
+                request_goodput=goodput, instance=instance, input_len=str(input_len),
+                output_len=str(output_len))
+    data.update(mean_e2el_ms=mean_e2el, median_e2el_ms=mean_e2el, p50_e2el_ms=mean_e2el,
+                p90_e2el_ms=1.05 * mean_e2el,
+                p99_e2el_ms=1.1 * mean_e2el if p99_e2el is None else p99_e2el,
+                p99_ttft_ms=p99_ttft)
+    return data
+
+
+def rows(curve, **kw):
+    """Rows for C, output throughput from curve(c)."""
+    return [b.point_from_result(result(c, curve(c), **kw)) for c in C]
+
+
+def one(points, **kw):
+    groups = b.analyse(points, **kw)
+    assert len(groups) == 1
+    return groups[0]
+
+
+def saturating(at):
+    """Throughput k * min(c, at) plus a tiny slope: the knee is at `at`."""
+    return lambda c: 100.0 * min(c, at) + 0.5 * c
+
+
+# ---------------------------------------------------------------------------
+# The result file: vLLM's keys
+# ---------------------------------------------------------------------------
+
+def test_the_fixture_has_every_key_the_parser_requires_and_vllms_own_top_level_keys():
+    data = json.loads(FIXTURE.read_text())
+    assert set(b.REQUIRED_KEYS) <= set(data)
+    # main_async()'s setup keys and the lists --save-detailed would keep are as vLLM leaves them
+    for key in ("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id",
+                "num_prompts", "burstiness", "latencies", "queue_times", "rtfx"):
+        assert key in data
+    for key in ("ttfts", "itls", "generated_texts", "errors", "input_lens", "start_times"):
+        assert key not in data
+
+
+def test_point_from_the_fixture_file():
+    row = b.point_from_result(FIXTURE)
+    assert set(row) == set(b.ROW_FIELDS)
+    assert (row["instance"], row["input_len"], row["output_len"], row["concurrency"]) == \
+        ("gpu01-vllm0", 1000, 512, 8)
+    assert row["status"] == "ok" and row["error"] is None and row["source"] == str(FIXTURE)
+    assert (row["completed"], row["failed"], row["success_rate"]) == (80, 0, 1.0)
+    assert row["request_throughput"] == pytest.approx(80 / 58.9)
+    assert row["output_throughput"] == pytest.approx(80 * 512 / 58.9)
+    assert (row["p50_ttft_ms"], row["p90_ttft_ms"], row["p99_ttft_ms"]) == (91.2, 121.5, 160.3)
+    assert (row["p99_tpot_ms"], row["p99_itl_ms"], row["p99_e2el_ms"]) == (11.71, 17.8, 5932.4)
+    assert row["request_goodput"] is None and row["request_rate"] == "inf"
+    # closed loop: offered = 8 slots / 5.8186 s mean E2E
+    assert row["offered_request_rate"] == pytest.approx(8 / 5.8186)
+
+
+def test_the_fixture_alone_has_no_knee_and_no_cliff():
+    group = one([b.point_from_result(FIXTURE)])
+    assert group["knee"] is None and "only 1 measured point" in group["why_no_knee"]
+    assert group["cliff"] is None and group["why_no_cliff"].startswith("no cliff")
+
+
+@pytest.mark.parametrize("key", b.REQUIRED_KEYS)
+def test_a_missing_required_key_is_named_with_the_file(tmp_path, key):
+    data = json.loads(FIXTURE.read_text())
+    del data[key]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as err:
+        b.point_from_result(path)
+    assert str(path) in str(err.value) and repr(key) in str(err.value)
+
+
+def test_default_percentiles_are_refused_with_the_flags_to_add(tmp_path):
+    """vLLM's defaults (ttft,tpot,itl; p99 only) lack e2el and p50/p90."""
+    data = json.loads(FIXTURE.read_text())
+    for key in [k for k in data if k.startswith(("p50_", "p90_")) or "_e2el_" in k]:
+        del data[key]
+    with pytest.raises(ValueError, match="--percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99"):
+        b.point_from_result(data)
+
+
+def test_unknown_top_level_keys_are_metadata_and_ignored():
+    data = json.loads(FIXTURE.read_text())
+    data["tp"] = "2"  # --metadata tp=2
+    assert b.point_from_result(data)["concurrency"] == 8
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"max_concurrency": None}, "without --max-concurrency|no --max-concurrency"),
+    ({"completed": 1.5}, "'completed' is 1.5, not a count"),
+    ({"output_throughput": "fast"}, "'output_throughput' is 'fast', not a number"),
+    ({"request_rate": None}, "'request_rate' is None"),
+    ({"input_len": "1k"}, "input_len is '1k'"),
+])
+def test_bad_values_are_refused(change, message):
+    data = json.loads(FIXTURE.read_text())
+    data.update(change)
+    with pytest.raises(ValueError, match=message):
+        b.point_from_result(data, source="run-7.json")
+
+
+def test_lengths_come_from_the_caller_or_metadata_and_must_agree():
+    data = json.loads(FIXTURE.read_text())
+    for key in ("input_len", "output_len", "instance"):
+        del data[key]
+    with pytest.raises(ValueError, match="input_len is None"):
+        b.point_from_result(data)
+    row = b.point_from_result(data, instance="h1", input_len=1000, output_len=512)
+    assert (row["instance"], row["input_len"], row["output_len"]) == ("h1", 1000, 512)
+    with pytest.raises(ValueError, match="'input_len' is '1000' but 2000 was passed"):
+        b.point_from_result(json.loads(FIXTURE.read_text()), input_len=2000)
+
+
+def test_files_that_are_not_one_result_are_refused(tmp_path):
+    appended = tmp_path / "appended.json"
+    appended.write_text(FIXTURE.read_text() + "\n" + FIXTURE.read_text())
+    with pytest.raises(ValueError, match="--append-result") as err:
+        b.load_result(appended)
+    assert str(appended) in str(err.value)
+    array = tmp_path / "array.json"
+    array.write_text("[]")
+    with pytest.raises(ValueError, match="holds a JSON list"):
+        b.load_result(array)
+    with pytest.raises(ValueError, match="cannot be read"):
+        b.load_result(tmp_path / "absent.json")
+    copy = tmp_path / "copy.json"
+    shutil.copy(FIXTURE, copy)
+    assert b.load_result(copy) == json.loads(FIXTURE.read_text())
+
+
+# ---------------------------------------------------------------------------
+# The knee
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("at", [2, 8, 16, 32])
+def test_knee_where_throughput_saturates(at):
+    group = one(rows(saturating(at)))
+    assert group["knee"]["concurrency"] == at
+    assert group["knee"]["rule"] == "kneed_concave_increasing"
+    assert f"concurrency {at}" in group["knee"]["detail"] and group["why_no_knee"] is None
+
+
+def test_knee_on_a_smooth_diminishing_returns_curve():
+    """Throughput c / (1 + c / 8): concave everywhere; the bend is well inside the range."""
+    group = one(rows(lambda c: 800.0 * c / (1 + c / 8)))
+    assert group["knee"]["concurrency"] in (8, 16)
+
+
+@pytest.mark.parametrize("curve, reason", [
+    (lambda c: 100.0 * c, "keeps growing without a bend"),          # linear scaling
+    (lambda c: 100.0 * c * NOISE[c], "keeps growing"),               # linear, +-2% noise
+    (lambda c: 500.0 + 0.1 * c, "flat"),                              # saturated from 1
+    (lambda c: float(c * c), "first point"),                          # convex
+    (lambda c: 1000.0 - 10 * c, "first point"),                       # falling
+])
+def test_curves_without_a_knee_say_why(curve, reason):
+    group = one(rows(curve))
+    assert group["knee"] is None and reason in group["why_no_knee"]
+
+
+def test_no_knee_below_three_measured_points():
+    assert "only 2 measured point" in one(rows(saturating(8))[:2])["why_no_knee"]
+    # failed points do not count: 2 measured + 5 failed
+    points = rows(saturating(8))[:2] + [
+        {"concurrency": c, "input_len": 1000, "output_len": 512, "instance": "i0",
+         "error": "timed out"} for c in C[2:]]
+    assert "only 2 measured point" in one(points)["why_no_knee"]
+
+
+def test_three_points_with_a_sharp_bend_have_a_knee_a_mild_one_none():
+    sharp = [b.point_from_result(result(c, t)) for c, t in ((1, 100.0), (2, 200.0), (4, 200.0))]
+    mild = [b.point_from_result(result(c, t)) for c, t in ((1, 100.0), (2, 180.0), (4, 200.0))]
+    assert one(sharp)["knee"]["concurrency"] == 2
+    assert one(mild)["knee"] is None
+
+
+# ---------------------------------------------------------------------------
+# The cliff
+# ---------------------------------------------------------------------------
+
+def test_saturation_alone_is_not_a_cliff():
+    """Past the knee E2E grows with concurrency as Little's law says: no jump rule fires."""
+    group = one(rows(saturating(8)))
+    assert group["cliff"] is None and group["findings"] == []
+    assert "no rule fired on the 7 point(s), concurrency 1 to 64" in group["why_no_cliff"]
+    # p99 E2E doubles per doubling past the knee: explained 2x, so even p99_jump 1.5 holds
+    assert one(rows(saturating(8)), p99_jump=1.5)["cliff"] is None
+    # steps of 4x concurrency past the knee: p99 E2E grows 4x, explained 4x
+    sparse = [b.point_from_result(result(c, saturating(4)(c))) for c in (1, 4, 16, 64)]
+    assert one(sparse)["cliff"] is None
+
+
+def test_failed_requests_at_32():
+    points = [b.point_from_result(result(c, saturating(8)(c), failed=3 if c >= 32 else 0))
+              for c in C]
+    group = one(points)
+    assert group["cliff"]["concurrency"] == 32 and group["cliff"]["rule"] == "failed_requests"
+    assert "3 of 323 requests failed" in group["cliff"]["detail"]
+    assert [f["concurrency"] for f in group["findings"]] == [32, 64]
+    assert group["knee"]["concurrency"] == 8
+
+
+def test_p99_jump_at_16_comes_before_errors_at_32():
+    def point(c):
+        tput = saturating(8)(c)
+        little = 1000.0 * c / (tput / 512)  # ms
+        return b.point_from_result(result(c, tput, failed=3 if c >= 32 else 0,
+                                          p99_e2el=little * (1.1 if c < 16 else 5.0)))
+    group = one([point(c) for c in C])
+    assert group["cliff"]["concurrency"] == 16 and group["cliff"]["rule"] == "p99_e2el_jump"
+    assert "jumped" in group["cliff"]["detail"]
+    assert ("failed_requests", 32) in [(f["rule"], f["concurrency"]) for f in group["findings"]]
+
+
+def test_p99_jump_rule_bound_is_exact():
+    """Linear scaling: explained growth 1, so p99 TTFT may double (p99_jump 2.0) but not more."""
+    def group(factor):
+        points = [b.point_from_result(result(c, 100.0 * c, p99_ttft=100.0 * (factor if c == 16 else 1.0)))
+                  for c in C]
+        return one(points)
+    assert group(2.0)["findings"] == []
+    cliff = group(2.01)["cliff"]
+    assert (cliff["concurrency"], cliff["rule"]) == (16, "p99_ttft_jump")
+    assert "more than 2 x the 1.00x" in cliff["detail"]
+    assert one([b.point_from_result(result(c, 100.0 * c, p99_ttft=100.0 * (2.01 if c == 16 else 1.0)))
+                for c in C], p99_jump=3.0)["cliff"] is None
+
+
+def test_a_failed_point_is_a_cliff():
+    points = rows(lambda c: 100.0 * c)[:4] + [
+        {"instance": "i0", "input_len": 1000, "output_len": 512, "concurrency": 16,
+         "error": "timed out after 900 s"}]
+    group = one(points)
+    assert group["cliff"] == {"concurrency": 16, "rule": "point_failed",
+                              "detail": "the run at concurrency 16 produced no result: timed out after 900 s"}
+    assert group["rows"][-1]["status"] == "failed"
+
+
+def test_all_points_failed():
+    points = [b.failed_point(c, 32, 16, "connection refused", instance="lab") for c in (1, 2)]
+    group = one(points)
+    assert group["knee"] is None and "only 0 measured point" in group["why_no_knee"]
+    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (1, "point_failed")
+
+
+def test_achieved_rate_below_offered():
+    """Closed loop: offered = c / mean E2E. A run whose throughput is 60% of that fires."""
+    data = result(8, 800.0)
+    data["request_throughput"] *= 0.6
+    row = b.point_from_result(data)
+    group = one(rows(lambda c: 100.0 * c)[:3] + [row])
+    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (8, "rate_below_offered")
+    assert "60% of the" in group["cliff"]["detail"]
+    # open loop: offered is the configured rate (capped by the closed-loop one)
+    slow = b.point_from_result(result(8, 800.0, request_rate=1.0))
+    assert slow["offered_request_rate"] == 1.0
+    assert one([slow])["cliff"] is None  # 800/512 = 1.56 req/s >= 1.0 offered
+
+
+def test_goodput_below_offered():
+    tput = 800.0
+    group = one([b.point_from_result(result(8, tput, goodput=0.5 * tput / 512))])
+    assert group["cliff"]["rule"] == "goodput_below_offered"
+
+
+def test_a_synthetic_single_point_has_neither():
+    group = one([b.point_from_result(result(4, 400.0))])
+    assert group["knee"] is None and group["cliff"] is None
+
+
+# ---------------------------------------------------------------------------
+# Grouping, errors, CSV
+# ---------------------------------------------------------------------------
+
+def test_groups_by_instance_and_pair():
+    points = rows(saturating(8), instance="b") + rows(lambda c: 100.0 * c, instance="a") + \
+        rows(saturating(4), instance="a", input_len=50, output_len=20)
+    groups = b.analyse(points)
+    assert [(g["instance"], g["input_len"], g["output_len"]) for g in groups] == \
+        [("a", 50, 20), ("a", 1000, 512), ("b", 1000, 512)]
+    assert [g["knee"] and g["knee"]["concurrency"] for g in groups] == [4, None, 8]
+    assert [r["concurrency"] for r in groups[0]["rows"]] == C
+
+
+def test_analyse_refuses_bad_points():
+    with pytest.raises(ValueError, match="two results for instance i0, pair \\(1000, 512\\) at concurrency 4"):
+        b.analyse(rows(saturating(8)) + [b.point_from_result(result(4, 400.0))])
+    with pytest.raises(ValueError, match="has an error and metrics"):
+        b.analyse([dict(b.point_from_result(result(4, 400.0)), error="timed out")])
+    with pytest.raises(ValueError, match="neither a row"):
+        b.analyse([{"concurrency": 4}])
+    with pytest.raises(ValueError, match="p99_jump"):
+        b.analyse([], p99_jump=0.5)
+    with pytest.raises(ValueError, match="a failed point needs an error"):
+        b.failed_point(4, 32, 16, "")
+
+
+def test_rows_to_csv_round_trip():
+    group = one(rows(saturating(8))[:3] + [b.failed_point(8, 1000, 512, "timed out", instance="i0")])
+    text = b.rows_to_csv(group["rows"])
+    read = list(csv.DictReader(io.StringIO(text)))
+    assert list(read[0]) == list(b.ROW_FIELDS) and len(read) == 4
+    assert [r["concurrency"] for r in read] == ["1", "2", "4", "8"]
+    assert float(read[2]["output_throughput"]) == pytest.approx(saturating(8)(4))
+    assert read[3]["status"] == "failed" and read[3]["error"] == "timed out"
+    assert read[3]["p99_ttft_ms"] == "" and read[0]["request_goodput"] == ""
+    with pytest.raises(ValueError, match="not ROW_FIELDS"):
+        b.rows_to_csv([{"concurrency": 1, "colour": "red"}])
+
+
+# ---------------------------------------------------------------------------
+# The matrix
+# ---------------------------------------------------------------------------
+
+def test_default_matrix_without_a_limit():
+    m = b.matrix_points()
+    assert m["notes"] == [] and len(m["points"]) == 5 * 7
+    assert m["points"][:2] == [{"input_len": 1000, "output_len": 512, "concurrency": 1},
+                               {"input_len": 1000, "output_len": 512, "concurrency": 2}]
+
+
+def test_default_matrix_clipped_to_32k():
+    m = b.matrix_points(max_model_len=32768)
+    pairs = sorted({(p["input_len"], p["output_len"]) for p in m["points"]})
+    assert pairs == [(50, 20), (1000, 128), (1000, 512), (10000, 512), (32256, 512)]
+    assert m["notes"] == ["(100000, 512) clipped to (32256, 512): input 100000 + output 512 = "
+                          "100512 > max_model_len 32768"]
+
+
+def test_default_matrix_on_a_2k_model_clips_and_drops_the_repeat():
+    m = b.matrix_points(max_model_len=2048)
+    pairs = [(p["input_len"], p["output_len"]) for p in m["points"] if p["concurrency"] == 1]
+    assert pairs == [(1000, 512), (1536, 512), (1000, 128), (50, 20)]
+    assert len(m["notes"]) == 2 and "repeats a pair" in m["notes"][1]
+
+
+def test_drop_instead_of_clip_and_outputs_that_cannot_fit():
+    m = b.matrix_points(max_model_len=2048, overflow="drop")
+    assert len({(p["input_len"], p["output_len"]) for p in m["points"]}) == 3
+    assert all("dropped" in n for n in m["notes"])
+    m = b.matrix_points(pairs=[(32, 16), (10, 600)], concurrency=[2, 1], max_model_len=512)
+    assert m["points"] == [{"input_len": 32, "output_len": 16, "concurrency": 1},
+                           {"input_len": 32, "output_len": 16, "concurrency": 2}]
+    assert "output alone" in m["notes"][0]
+
+
+def test_lab_preset_fits_a_1k_model():
+    m = b.matrix_points(b.LAB_CONCURRENCY, b.LAB_PAIRS, max_model_len=1024)
+    assert m["notes"] == [] and len(m["points"]) == 4
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"concurrency": [0]}, "concurrency level"),
+    ({"concurrency": []}, "no concurrency levels"),
+    ({"pairs": [(1000,)]}, "a pair is"),
+    ({"pairs": [(1000, -1)]}, "output_len"),
+    ({"max_model_len": 0}, "max_model_len"),
+    ({"overflow": "shrink"}, "overflow"),
+])
+def test_matrix_refuses_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        b.matrix_points(**kwargs)
