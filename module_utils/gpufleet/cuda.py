@@ -312,40 +312,104 @@ def toolkit_supports_architecture(cuda, compute_capability):
 # NVIDIA_REQUIRE_CUDA, exactly as libnvidia-container evaluates it
 # ---------------------------------------------------------------------------------------
 #
-# Path of a requirement on the (default, "legacy") docker --gpus / runtime=nvidia path:
+# Path of a requirement on the (default, "legacy") docker --gpus / runtime=nvidia path
+# (sources: NVIDIA/nvidia-container-toolkit at d34b3046758cb1a5db606b2a39519c731bbf9f56,
+# NVIDIA/libnvidia-container src/cli/dsl.c at 5823754b8577d16fabf25a6ef6a1d58f7ff1e5dd and
+# src/cli/configure.c at e27a4a75805021ffdfa9b56403921f50eb3b83d2; their test cases are
+# ported in tests/unit/test_cuda_toolkit_cases.py):
 #   nvidia-container-toolkit internal/config/image/cuda_image.go CUDA.GetRequirements():
-#     every env var starting with NVIDIA_REQUIRE_ (except NVIDIA_REQUIRE_JETPACK*) is a
-#     requirement; a "legacy" image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset) gets
-#     "cuda>=MAJOR.MINOR" of CUDA_VERSION; NVIDIA_DISABLE_REQUIRE=<true per
-#     strconv.ParseBool> drops them all (HasDisableRequire).
+#     NVIDIA_DISABLE_REQUIRE=<true per strconv.ParseBool> drops them all (HasDisableRequire);
+#     otherwise every env var starting with NVIDIA_REQUIRE_ (except NVIDIA_REQUIRE_JETPACK*)
+#     is a requirement, and a "legacy" image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset or
+#     empty) gets "cuda>=MAJOR.MINOR" of CUDA_VERSION as parseMajorMinorVersion reads it
+#     (Masterminds semver NewVersion, then MAJOR and MINOR must fit 32 bits): "8" -> 8.0,
+#     "v11.6" -> 11.6; a version it cannot read makes the hook panic ("failed to get
+#     requirements"), so the container does not start.
 #   cmd/nvidia-container-runtime-hook/main.go passes each one as --require=<value>.
 #   libnvidia-container src/cli/configure.c configure_command(): every requirement is
-#     evaluated once per visible GPU (dsl_data{drv, gpu}), or once with no device when
-#     none is visible; the rules are cuda (driver's CUDA "%u.%u" from
-#     nvmlSystemGetCudaDriverVersion), driver (NVML driver version string), arch
-#     (compute capability "%u.%u") and brand (src/driver.c: Quadro, Tesla, NVS, GRID,
-#     GeForce, TITAN, anything else "Unknown"); with no device, arch and brand hold.
+#     evaluated once per visible GPU (dsl_data{drv, gpu}; a MIG device with its parent),
+#     or once with no device when none is visible; the rules are cuda (driver's CUDA
+#     "%u.%u" from nvmlSystemGetCudaDriverVersion), driver (NVML driver version string),
+#     arch (compute capability "%u.%u") and brand (src/driver.c: Quadro, Tesla, NVS, GRID,
+#     GeForce, TITAN, anything else "Unknown"); with no device, arch and brand hold
+#     before any comparison.
 #   libnvidia-container src/cli/dsl.c dsl_evaluate(): the value is split on " " into
-#     alternatives (OR) and each alternative on "," into conditions (AND); the first
-#     alternative whose conditions all hold satisfies the requirement.  On failure the
-#     message names the FIRST space-separated term of the whole value, not the failing
-#     one.  evaluate_rule(): NAME then a run of "<>=!" that must be exactly one of
-#     = != < <= > >=, then a non-empty value; an unknown name or a bad operator is
-#     "invalid expression".  Names and brand values compare case-insensitively.
+#     alternatives (OR) and each alternative on "," into conditions (AND), read lazily:
+#     the conditions of an alternative in order up to the first false one, the
+#     alternatives in order up to the first that holds.  A term that is not read is never
+#     checked, so "cuda>=12.4 foo=bar" holds on a CUDA 12.4 driver and is an error only on
+#     an older one.  On failure the message names the FIRST space-separated term of the
+#     whole value, not the failing one.  evaluate_rule(): NAME, then a run of "<>=!" that
+#     must be the start of one of = != < <= > >= (so a lone "!" is "!="), then a
+#     non-empty value; an unknown name, a bad operator, a comparison that returns -1, or a
+#     false condition whose "NAME OP VALUE" does not fit in 128 bytes is "invalid
+#     expression".  Names and brand values compare case-insensitively.
+#     dsl_compare_version(): digits and dots only, each part read with strtoumax (a part
+#     of 2**64-1 or more is -1), trailing ".0" groups ignored ("12" == "12.0").
 # (The Go port in internal/requirements/ is used only for CSV/Tegra mode.)
 
 _RULES = ("cuda", "driver", "arch", "brand")
+# dsl.c operators[], in its order: the first whose text starts with the run of "<>=!" wins.
 _OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
+_UINTMAX = 2 ** 64 - 1   # strtoumax's saturation value; dsl_compare_version rejects it
+_EXPR_MAX = 128          # dsl.c EXPR_MAX: the buffer a false condition is formatted into
 
 # Brand strings libnvidia-container can report (src/driver.c driver_get_device_brand_1_svc).
 TOOLKIT_BRANDS = ("quadro", "tesla", "nvs", "grid", "geforce", "titan", "unknown")
 
 
+def _invalid_expression(whole, term, problem):
+    return ValueError(
+        f"NVIDIA_REQUIRE_CUDA {whole!r} is malformed: term {term!r}: {problem}. "
+        "nvidia-container-cli refuses the container with 'requirement error: invalid "
+        "expression' when it reads this term; expected e.g. "
+        "'cuda>=12.4 brand=tesla,driver>=535,driver<536'")
+
+
+def _split_term(term):
+    """dsl.c evaluate_rule()'s parse of one condition: (name, op, value, problem)."""
+    i = 0
+    while i < len(term) and term[i] not in "<>=!":
+        i += 1
+    j = i
+    while j < len(term) and term[j] in "<>=!":
+        j += 1
+    name, run, val = term[:i].lower(), term[i:j], term[j:]
+    op = next((o for o in _OPERATORS if run and o.startswith(run)), None)
+    problem = None
+    if not name:
+        problem = "it has no property name before the operator"
+    elif not run:
+        problem = "it has no comparison operator (one of = != < <= > >=)"
+    elif op is None:
+        problem = f"{run!r} is not an operator (one of = != < <= > >=)"
+    elif not val:
+        problem = "it has no value after the operator"
+    elif name not in _RULES:
+        problem = (f"{term[:i]!r} is not a property nvidia-container-cli knows "
+                   "(cuda, driver, arch, brand)")
+    return name, op, val, problem
+
+
+def _value_problem(name, op, val):
+    """Why comparing ``name op val`` returns -1 in dsl.c (for the error message)."""
+    if name == "brand":
+        return f"a brand compares only with = or !=, not {op}"
+    if any(c not in "0123456789." for c in val):
+        return f"{val!r} is not a version (digits and dots only)"
+    if any(p and int(p) >= _UINTMAX for p in val.split(".")):
+        return (f"{val!r} has a part of 2**64-1 or more, which nvidia-container-cli cannot "
+                "read (strtoumax)")
+    return f"{val!r} is not a version (a dot without a number before it)"
+
+
 def parse_require_cuda(value):
     """Parse an NVIDIA_REQUIRE_* value into alternatives of (name, op, value) conditions.
 
-    '' -> [] (no requirement).  ValueError names the bad term, as nvidia-container-cli
-    would fail on it with "requirement error: invalid expression".
+    '' -> [] (no requirement).  Every term is checked, as if a device were visible:
+    ValueError names a bad term, one nvidia-container-cli fails on with "requirement
+    error: invalid expression" when it reads it.  (It reads lazily: see
+    evaluate_require_cuda, which is what decides whether a container starts.)
     """
     if value is None:
         return []
@@ -366,33 +430,13 @@ def parse_require_cuda(value):
 
 
 def _parse_condition(term, whole):
-    i = 0
-    while i < len(term) and term[i] not in "<>=!":
-        i += 1
-    name = term[:i]
-    j = i
-    while j < len(term) and term[j] in "<>=!":
-        j += 1
-    op, val = term[i:j], term[j:]
-    problem = None
-    if not name:
-        problem = "it has no property name before the operator"
-    elif not op:
-        problem = "it has no comparison operator (one of = != < <= > >=)"
-    elif op not in _OPERATORS:
-        problem = f"{op!r} is not an operator (one of = != < <= > >=)"
-    elif not val:
-        problem = "it has no value after the operator"
-    elif name.lower() not in _RULES:
-        problem = f"{name!r} is not a property nvidia-container-cli knows (cuda, driver, arch, brand)"
-    elif name.lower() != "brand" and _dsl_compare_version(val, "=", val) < 0:
-        problem = f"{val!r} is not a version (digits and dots only)"
+    name, op, val, problem = _split_term(term)
+    if problem is None and (name == "brand" and op not in ("=", "!=")
+                            or name != "brand" and _dsl_compare_version(val, "=", val) < 0):
+        problem = _value_problem(name, op, val)
     if problem:
-        raise ValueError(
-            f"NVIDIA_REQUIRE_CUDA {whole!r} is malformed: term {term!r}: {problem}. "
-            "nvidia-container-cli would refuse the container with 'requirement error: "
-            "invalid expression'; expected e.g. 'cuda>=12.4 brand=tesla,driver>=535,driver<536'")
-    return (name.lower(), op, val)
+        raise _invalid_expression(whole, term, problem)
+    return (name, op, val)
 
 
 def _strtoumax(s, pos):
@@ -411,14 +455,14 @@ def _skip(s, pos, chars):
 def _dsl_compare_version(v1, cmp, v2):
     """Port of libnvidia-container src/cli/dsl.c dsl_compare_version():
     1 (true), 0 (false) or -1 (not comparable).  Numeric, dot-separated, trailing
-    '.0' groups ignored ("12" == "12.0")."""
+    '.0' groups ignored ("12" == "12.0"); a part read as 2**64-1 or more is -1."""
     if any(c not in "0123456789." for c in v1) or any(c not in "0123456789." for c in v2):
         return -1
     p1 = p2 = 0
     while p1 < len(v1) and p2 < len(v2):
         n1, e1 = _strtoumax(v1, p1)
         n2, e2 = _strtoumax(v2, p2)
-        if n1 is None or n2 is None:
+        if n1 is None or n2 is None or n1 >= _UINTMAX or n2 >= _UINTMAX:
             return -1
         if n1 != n2:
             if cmp == "=":
@@ -453,7 +497,8 @@ def _rule(name, op, val, driver_version, driver_cuda, brand, arch):
     if name == "arch":
         # configure.c check_device_arch: no visible device -> true
         return 1 if arch is None else _dsl_compare_version(arch, op, val)
-    # check_device_brand: no device or no brand -> true; only = and != are defined
+    # check_device_brand: no device or no brand -> true; dsl_compare_string defines only
+    # = and != (str_case_equal), anything else is -1
     if brand is None:
         return 1
     if op == "=":
@@ -463,25 +508,56 @@ def _rule(name, op, val, driver_version, driver_cuda, brand, arch):
     return -1
 
 
+def _evaluate_term(term, whole, driver_version, driver_cuda, brand, arch):
+    """dsl.c evaluate_rule(): 1 or 0; ValueError where it returns -1."""
+    name, op, val, problem = _split_term(term)
+    if problem is None:
+        ret = _rule(name, op, val, driver_version, driver_cuda, brand, arch)
+        if ret < 0:
+            problem = _value_problem(name, op, val)
+        elif ret == 0 and len(f"{name} {op} {val}".encode()) >= _EXPR_MAX:
+            problem = (f"'{name} {op} {val}' is {_EXPR_MAX} bytes or longer, more than "
+                       "nvidia-container-cli's buffer for an unsatisfied condition")
+    if problem:
+        raise _invalid_expression(whole, term, problem)
+    return ret
+
+
 def evaluate_require_cuda(value, driver_version, brand=None, arch=None, driver_cuda=None):
-    """Evaluate one NVIDIA_REQUIRE_* value as nvidia-container-cli does.
+    """Evaluate one NVIDIA_REQUIRE_* value as nvidia-container-cli does (dsl_evaluate).
 
     Returns (ok, unsatisfied_condition_text); the text is nvidia-container-cli's own
     message ("unsatisfied condition: cuda>=12.4, please update your driver to a newer
     version, or use an earlier cuda container") or None when ok.  ``brand`` (one of
     TOOLKIT_BRANDS) and ``arch`` ("8.0") describe the GPU; None means "no visible
     device", where the toolkit lets brand and arch conditions pass.  ``driver_cuda``
-    defaults to driver_cuda_version(driver_version).
+    defaults to driver_cuda_version(driver_version).  Terms are read lazily, as the C
+    code reads them; a term it reads and cannot evaluate is a ValueError ("invalid
+    expression"), one it never reads is not.
     """
     parse_driver_version(driver_version)
-    alternatives = parse_require_cuda(value)
+    if value is None:
+        return True, None
+    if not isinstance(value, str):
+        raise ValueError(f"NVIDIA_REQUIRE_CUDA must be a string, got {type(value).__name__}")
     if driver_cuda is None:
         driver_cuda = driver_cuda_version(driver_version)
-    for conditions in alternatives:
-        if all(_rule(n, o, v, str(driver_version).strip(), driver_cuda, brand, arch) == 1
-               for n, o, v in conditions):
-            return True, None
-    if not alternatives:
+    driver = str(driver_version).strip()
+    ret = 1
+    for alternative in value.split(" "):
+        if alternative == "":
+            continue
+        held = True
+        for term in alternative.split(","):
+            if term == "":
+                continue
+            ret = _evaluate_term(term, value, driver, driver_cuda, brand, arch)
+            if not ret:
+                held = False
+                break
+        if held:  # dsl.c: and_expr == NULL, this alternative ran to its end
+            break
+    if ret:
         return True, None
     first = value.split(" ")[0]
     if first.startswith("cuda>="):
@@ -495,11 +571,39 @@ def _parse_bool_go(s):
     return s in ("1", "t", "T", "TRUE", "true", "True")
 
 
+# Masterminds/semver v3 looseSemVerRegex, as NewVersion uses it (CoerceNewVersion).
+_SEMVER_LOOSE_RE = re.compile(
+    r"v?([0-9]+)(\.[0-9]+)?(\.[0-9]+)?"
+    r"(-([0-9A-Za-z\-]+(\.[0-9A-Za-z\-]+)*))?"
+    r"(\+([0-9A-Za-z\-]+(\.[0-9A-Za-z\-]+)*))?")
+
+
+def toolkit_major_minor(version):
+    """'12.4.1' -> '12.4', '8' -> '8.0', 'v11.6' -> '11.6': the MAJOR.MINOR the container
+    toolkit reads from a legacy image's CUDA_VERSION (cuda_image.go
+    parseMajorMinorVersion).  ValueError where the toolkit fails."""
+    text = str(version)
+    m = _SEMVER_LOOSE_RE.fullmatch(text) if len(text) <= 256 else None
+    parts = [int(g.lstrip(".")) if g else 0 for g in m.group(1, 2, 3)] if m else []
+    pre = m.group(5) if m else None
+    if (not m or any(p > _UINTMAX for p in parts)
+            or any(p.isdigit() and len(p) > 1 and p[0] == "0" for p in (pre or "").split("."))
+            or parts[0] > 2 ** 32 - 1 or parts[1] > 2 ** 32 - 1):
+        raise ValueError(
+            f"CUDA_VERSION {version!r} is not a version the container toolkit can read: "
+            "expected [v]MAJOR[.MINOR[.PATCH]] such as 12.4.1, MAJOR and MINOR at most "
+            "4294967295")
+    return f"{parts[0]}.{parts[1]}"
+
+
 def image_requirements(env, labels=None):
     """What an image's Config.Env (list of "K=V") tells this check.
 
     Returns dict(requirements=[...], disabled=bool, cuda_version="12.9"|None,
     arch_list=[...]|None), following cuda_image.go GetRequirements() for the first two.
+    cuda_version is CUDA_VERSION's MAJOR.MINOR as the toolkit reads it (None when it
+    cannot and does not need to).  ValueError where the hook fails: a legacy image
+    (no NVIDIA_REQUIRE_CUDA) whose CUDA_VERSION the toolkit cannot read.
     """
     values = {}
     for item in env or []:
@@ -509,10 +613,20 @@ def image_requirements(env, labels=None):
     disabled = _parse_bool_go(values.get("NVIDIA_DISABLE_REQUIRE", ""))
     requirements = [v for k, v in sorted(values.items())
                     if k.startswith("NVIDIA_REQUIRE_") and not k.startswith("NVIDIA_REQUIRE_JETPACK")]
+    # IsLegacy(): CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset or empty
+    legacy = bool(values.get("CUDA_VERSION")) and not values.get("NVIDIA_REQUIRE_CUDA")
     cuda_version = None
     if values.get("CUDA_VERSION"):
-        cuda_version = _cuda_str(parse_cuda_version(values["CUDA_VERSION"]))
-        if not values.get("NVIDIA_REQUIRE_CUDA"):  # IsLegacy()
+        try:
+            cuda_version = toolkit_major_minor(values["CUDA_VERSION"])
+        except ValueError as exc:
+            if legacy and not disabled:
+                raise ValueError(
+                    f"{exc}. The image sets no NVIDIA_REQUIRE_CUDA, so "
+                    "nvidia-container-runtime-hook derives cuda>=MAJOR.MINOR from CUDA_VERSION "
+                    "and fails with 'failed to get requirements': the container does not "
+                    "start. Fix the image's CUDA_VERSION or set NVIDIA_REQUIRE_CUDA") from None
+        if legacy and not disabled:
             requirements.append(f"cuda>={cuda_version}")
     arch_text = values.get("TORCH_CUDA_ARCH_LIST") or (labels or {}).get("TORCH_CUDA_ARCH_LIST")
     arch_list = parse_arch_list(arch_text) if arch_text else None
@@ -564,14 +678,20 @@ def arch_list_covers(arch_list, compute_capability, allow_ptx=True):
 # The verdict
 # ---------------------------------------------------------------------------------------
 
-def _required_from_requirements(alternatives_list):
+def _required_from_requirements(requirements):
     """The CUDA floor of the first requirement that names one: the cuda>= (or =, >)
-    condition of its first alternative (NVIDIA's images start with 'cuda>=X.Y')."""
-    for alternatives in alternatives_list:
-        for conditions in alternatives[:1]:
-            for name, op, val in conditions:
-                if name == "cuda" and op in (">=", "=", ">"):
-                    return _cuda_str(parse_cuda_version(val))
+    condition of its first alternative (NVIDIA's images start with 'cuda>=X.Y'), read as
+    dsl_compare_version reads it ('cuda>=12' is 12.0).  A term nvidia-container-cli could
+    not evaluate is passed over here; evaluating the requirement reports it if it is read."""
+    for value in requirements:
+        alternatives = [[t for t in alt.split(",") if t] for alt in value.split(" ")]
+        for conditions in [a for a in alternatives if a][:1]:
+            for term in conditions:
+                name, op, val, problem = _split_term(term)
+                if (problem is None and name == "cuda" and op in (">=", "=", ">")
+                        and _dsl_compare_version(val, "=", val) == 1):
+                    numbers = [int(p) for p in val.split(".") if p] + [0]
+                    return _cuda_str(parse_cuda_version(f"{numbers[0]}.{numbers[1]}"))
     return None
 
 
@@ -705,13 +825,15 @@ def check(driver_version, compute_capabilities=(), cuda_version=None, require_cu
     driver_version = str(driver_version).strip()
     ccs = [_known_cc(c) for c in (compute_capabilities or [])]
     requirements = [require_cuda] if isinstance(require_cuda, str) else list(require_cuda or [])
-    parsed = [parse_require_cuda(r) for r in requirements]
+    for r in requirements:
+        if not isinstance(r, str):
+            raise ValueError(f"NVIDIA_REQUIRE_CUDA must be a string, got {type(r).__name__}")
     arch_list = parse_arch_list(image_arch_list) if image_arch_list else None
     toolkit_brand = _toolkit_brand(brand, datacenter_gpu)
 
     branch = branch_of(driver_version)
     required = _cuda_str(parse_cuda_version(cuda_version)) if cuda_version else \
-        _required_from_requirements(parsed)
+        _required_from_requirements(requirements)
     if _known_branch(branch) is None:
         return _older_than_the_table(driver_version, branch, required, requirements)
     driver_cuda = driver_cuda_version(driver_version)
