@@ -15,6 +15,14 @@ description:
     brand). That check runs before the container starts, so its verdict dominates.
   - Checks the GPU architecture against the CUDA version (CUDA 13 dropped Maxwell, Pascal
     and Volta), the driver branch (R580 is the last for them) and the image's kernel list.
+  - Predicts whether the container toolkit puts the image's CUDA forward-compatibility
+    libraries (C(/usr/local/cuda/compat/libcuda.so.<version>)) on the loader path, from
+    the toolkit version (O(toolkit_version)), how the container gets its GPUs
+    (O(gpu_runtime)) and the host driver; on a GPU that does not support forward
+    compatibility (GeForce and other non-data-center parts) that makes CUDA fail with error
+    804, which the verdict then says, with the fixes. With O(image) the libraries are read
+    from the image (a container is created, never started, and removed); otherwise what
+    NVIDIA's CUDA base images ship is assumed and said in the reasons.
   - Changes nothing on the host; C(changed) is always false.
 options:
   driver_version:
@@ -62,6 +70,29 @@ options:
         evaluated with it; A100/H100/L40S (C(NVIDIA)) count as unknown.
       - Default tesla when O(datacenter_gpu) is true, geforce otherwise.
     type: str
+  toolkit_version:
+    description:
+      - The host's nvidia-container-toolkit version (C(1.17.8), the package version
+        C(1.17.8-1), or the output of C(nvidia-ctk --version)). Decides whether and how the
+        image's forward-compatibility libraries are used. Empty or absent assumes a current
+        toolkit (1.17.7 or later) and says so.
+    type: str
+  gpu_runtime:
+    description:
+      - How the container gets its GPUs. C(nvidia) is docker C(--gpus) or device_requests
+        with the nvidia driver (nvidia-container-cli, C(cuda-compat-mode)); C(cdi) is the
+        CDI spec from C(nvidia-ctk cdi generate) (the C(enable-cuda-compat) hook).
+    type: str
+    choices: [nvidia, cdi]
+    default: nvidia
+  cuda_compat_disabled:
+    description:
+      - The host's toolkit is set not to use the image's forward-compatibility libraries
+        (C(nvidia-container-runtime.modes.legacy.cuda-compat-mode = "disabled") for
+        O(gpu_runtime=nvidia); a CDI spec generated with
+        C(--disable-hook enable-cuda-compat) for O(gpu_runtime=cdi)).
+    type: bool
+    default: false
   allow_forward_compat:
     description: Accept forward compatibility (cuda-compat libraries, C(VLLM_ENABLE_CUDA_COMPATIBILITY=1)) as compatible.
     type: bool
@@ -165,6 +196,15 @@ image_requirements:
   description: What was read from the image (requirements, disabled, cuda_version, arch_list).
   type: dict
   returned: when image is given
+compat_libs:
+  description:
+    - The image's CUDA forward-compatibility libraries and whether the container loads them
+      (present, version, branch, note (the library's C(.note.cuda.fwd_compatibility) - cuda,
+      driver branches, device brands), source C(image) or C(assumed), package, loaded,
+      gpu_runtime, toolkit_version).
+  type: dict
+  returned: when a CUDA version is known
+  sample: {"present": true, "version": "575.57.08", "branch": 575, "source": "image", "loaded": true}
 reasons:
   description: Plain sentences explaining the verdict.
   type: list
@@ -178,7 +218,11 @@ suggestions:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gpufleet.cuda import check, image_requirements, planned_driver
+import io
+import tarfile
+
+from ansible.module_utils.gpufleet.cuda import (COMPAT_DIR, check, compat_libs_from_image,
+                                                image_requirements, planned_driver)
 
 try:
     import docker
@@ -201,6 +245,61 @@ def read_image_config(image, client=None):
     return config.get("Env") or [], config.get("Labels") or {}
 
 
+# A compat libcuda is about 100 MB; more than this is not read.
+_MAX_LIBCUDA = 512 * 1024 * 1024
+
+
+class _Chunks(io.RawIOBase):
+    """A file over the byte chunks of a docker archive stream (for tarfile's "r|")."""
+
+    def __init__(self, chunks):
+        self._chunks, self._buf = iter(chunks), b""
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        while not self._buf:
+            try:
+                self._buf = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n], self._buf = self._buf[:n], self._buf[n:]
+        return n
+
+
+def read_image_compat_libs(image, client=None):
+    """What the image holds in /usr/local/cuda/compat, without starting it: a container
+    is created (never started), the directory read through the archive API, and the
+    container removed.  Returns compat_libs for check(), or None when this client cannot
+    create containers."""
+    client = client or docker.from_env()
+    api = getattr(client, "api", None)
+    if api is None:   # a client without the low-level API (tests' stand-ins)
+        return None
+    cid = api.create_container(image, command=["true"], network_disabled=True)["Id"]
+    try:
+        try:
+            chunks, _ = api.get_archive(cid, COMPAT_DIR + "/.")
+        except docker_errors.NotFound:
+            return compat_libs_from_image(None)
+        names, libcuda = [], None
+        with tarfile.open(fileobj=io.BufferedReader(_Chunks(chunks)), mode="r|") as tar:
+            for member in tar:
+                if not member.isreg() or "/" in member.name.strip("./").strip("/"):
+                    continue
+                name = member.name.rsplit("/", 1)[-1]
+                names.append(name)
+                if (name.startswith("libcuda.so.") and name.count(".") >= 3
+                        and member.size <= _MAX_LIBCUDA):
+                    libcuda = tar.extractfile(member).read()
+        return compat_libs_from_image(names, libcuda if len(
+            [n for n in names if n.startswith("libcuda.so.") and n.count(".") >= 3]) == 1 else None)
+    finally:
+        api.remove_container(cid, force=True)
+
+
 def run(params, docker_client=None):
     """Module logic without AnsibleModule: params dict in, result dict out."""
     extra = {}
@@ -215,11 +314,15 @@ def run(params, docker_client=None):
     extra["driver_version"] = driver
     extra["driver_planned"] = driver != installed
     require, cuda_version, arch_list = params.get("require_cuda"), params.get("cuda_version"), None
+    compat, unread = "assume", False
     if params.get("image"):
         env, labels = read_image_config(params["image"], docker_client)
         info = image_requirements(env, labels)
         extra["image_requirements"] = info
         require, cuda_version, arch_list = info["requirements"], info["cuda_version"], info["arch_list"]
+        compat = read_image_compat_libs(params["image"], docker_client)
+        if compat is None:
+            compat, unread = "assume", True
     result = check(
         driver,
         compute_capabilities=params.get("compute_capabilities") or [],
@@ -229,7 +332,14 @@ def run(params, docker_client=None):
         datacenter_gpu=params.get("datacenter_gpu", False),
         allow_forward_compat=params.get("allow_forward_compat", False),
         brand=params.get("brand"),
+        compat_libs=compat,
+        toolkit_version=params.get("toolkit_version") or None,
+        gpu_runtime=params.get("gpu_runtime") or "nvidia",
+        cuda_compat_disabled=params.get("cuda_compat_disabled", False),
     )
+    if unread and result.get("compat_libs"):
+        result["reasons"].append(f"{COMPAT_DIR} of {params['image']} could not be read; "
+                                 "what NVIDIA's base image ships was assumed.")
     if extra.get("image_requirements", {}).get("disabled"):
         result["reasons"].insert(0, "The image sets NVIDIA_DISABLE_REQUIRE: the container "
                                     "toolkit skips its requirement check.")
@@ -243,9 +353,11 @@ def run(params, docker_client=None):
 
 def failure_message(result, driver_version):
     fix = " ".join(result["suggestions"]) or "see reasons"
+    # the forward-compatibility libraries' failure (804/803) is said after the first reason
+    loads = [r for r in result["reasons"][1:] if "CUDA initialisation fails" in r]
     return (f"host cannot run this image: driver {driver_version} supports CUDA "
             f"{result['driver_cuda']}, the image requires CUDA {result['required_cuda'] or 'n/a'}. "
-            f"{result['reasons'][0]} Fix: {fix}")
+            f"{' '.join(result['reasons'][:1] + loads)} Fix: {fix}")
 
 
 def main():
@@ -261,6 +373,9 @@ def main():
             datacenter_gpu=dict(type="bool", default=False),
             brand=dict(type="str"),
             allow_forward_compat=dict(type="bool", default=False),
+            toolkit_version=dict(type="str"),
+            gpu_runtime=dict(type="str", choices=["nvidia", "cdi"], default="nvidia"),
+            cuda_compat_disabled=dict(type="bool", default=False),
             fail_on_incompatible=dict(type="bool", default=True),
         ),
         mutually_exclusive=[("cuda_version", "require_cuda", "image")],
