@@ -60,6 +60,12 @@ def host_models(instances, hosts):
     return out
 
 
+def reachable_target(bind_address, port, host_address="", advertised=""):
+    """`address:port` other hosts (Prometheus) reach a listener at: gpufleet.serve's one
+    address rule (reachable_address) written as a target (serve.target, IPv6 in brackets)."""
+    return serve.target(serve.reachable_address(bind_address, advertised, host_address), port)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -74,4 +80,6 @@ class FilterModule:
             "gpufleet_build_record": _wrap(upgrade.build_record),
             "gpufleet_rollback_vars": _wrap(upgrade.rollback_vars),
             "gpufleet_local_url": serve.local_url,
+            "gpufleet_target": serve.target,
+            "gpufleet_reachable_target": reachable_target,
         }

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """STAND-IN vLLM instances for the vllm_gateway scenario: tiny HTTP servers on 127.0.0.1
-(not vLLM). Each answers GET /health with 200, and GET/POST /v1/* with JSON naming its
-own port and the Authorization header exactly as it arrived; nothing else.
+(not vLLM), also used by the fleet_monitoring scenario. Each answers GET /health with 200,
+GET/POST /v1/* with JSON naming its own port and the Authorization header exactly as it
+arrived, and GET /metrics with a few gauges under vLLM's own metric names (the Prometheus
+text format, the values fixed); nothing else.
 
   backends.py start STATE PORT...   serve in the background (pid in STATE/backends.pid),
                                      stopping by itself after --lifetime seconds
@@ -18,10 +20,25 @@ import threading
 import time
 
 
+# vLLM's metric names (vllm/v1/metrics/loggers.py), with fixed stand-in values.
+METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="{model}"}} 0.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="{model}"}} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="{model}"}} 0.25
+"""
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     def _answer(self):
         if self.path == "/health":
             code, body = 200, b""
+        elif self.path == "/metrics":
+            code, body = 200, METRICS.format(model="stand-in").encode()
         elif self.path.startswith("/v1/"):
             length = int(self.headers.get("Content-Length") or 0)
             if length:
@@ -32,7 +49,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         else:
             code, body = 404, b""
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/plain; version=0.0.4" if self.path == "/metrics"
+                         else "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
