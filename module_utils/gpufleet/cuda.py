@@ -1099,6 +1099,9 @@ NVML_BRANDS = {
 }
 
 _TOOLKIT_RE = re.compile(r"(?:^|[^0-9.])v?(\d{1,2})\.(\d{1,3})\.(\d{1,3})(?:[-~+][0-9A-Za-z.~+-]*)?$")
+# `nvidia-ctk --version`'s first line names the version after "version", whatever follows
+# it (a build note such as the lab stand-in's "(gpufleet lab stand-in)").
+_TOOLKIT_CLI_RE = re.compile(r"\bversion\s+v?(\d{1,2})\.(\d{1,3})\.(\d{1,3})\b")
 _COMPAT_LIB_RE = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
 
 
@@ -1107,7 +1110,7 @@ def parse_toolkit_version(text):
     ('NVIDIA Container Toolkit CLI version 1.17.8' + a commit line) -> (1, 17, 8)."""
     lines = [ln.strip() for ln in str(text if text is not None else "").splitlines()]
     for line in lines:
-        m = _TOOLKIT_RE.search(line)
+        m = _TOOLKIT_CLI_RE.search(line) or _TOOLKIT_RE.search(line)
         if m:
             return tuple(int(g) for g in m.groups())
     raise ValueError(

@@ -94,6 +94,9 @@ def test_compat_lib_version_globs_like_the_hook(names, expected):
 @pytest.mark.parametrize("text,expected", [
     ("1.17.8", (1, 17, 8)), ("1.17.8-1", (1, 17, 8)), ("1.18.0~rc.1-1", (1, 18, 0)),
     ("NVIDIA Container Toolkit CLI version 1.17.8\ncommit: f202b80", (1, 17, 8)),
+    # the lab's stand-in nvidia-ctk (lab/apt): a note after the version (an upgrade's
+    # compatibility gate refused every lab host on it before _TOOLKIT_CLI_RE)
+    ("NVIDIA Container Toolkit CLI version 1.18.0 (gpufleet lab stand-in)", (1, 18, 0)),
 ])
 def test_parse_toolkit_version(text, expected):
     assert cuda.parse_toolkit_version(text) == expected
