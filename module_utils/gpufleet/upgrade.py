@@ -107,13 +107,13 @@ def capacity_verdict(servers, host, allow_downtime=False, knee_rps=None, load_rp
         if not up:
             if allow_downtime:
                 reasons.append(f"{backend}: no other server is UP; downtime allowed "
-                               "(upgrade_allow_downtime)")
+                               "(fleet_upgrade_allow_downtime)")
             else:
                 ok = False
                 reasons.append(
                     f"{backend}: {host} is its last server in service ({len(others)} others, "
                     "none UP), so draining it would stop the model. Bring another instance "
-                    "up first, or set upgrade_allow_downtime: true to accept the outage.")
+                    "up first, or set fleet_upgrade_allow_downtime: true to accept the outage.")
         knee = (knee_rps or {}).get(backend)
         load = (load_rps or {}).get(backend)
         if knee is not None and load is not None:

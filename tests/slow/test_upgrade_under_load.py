@@ -26,6 +26,8 @@ import pathlib
 import re
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -184,6 +186,40 @@ def test_lab_run_serves_through_the_gateway(lab):
         assert key() not in fact_file.read_text(errors="replace"), fact_file
 
 
+PROMETHEUS = "http://127.0.0.1:19090"  # roles/fleet_monitoring on lab-gw (group monitoring)
+
+
+def prom_query(query):
+    """The result vector of an instant query to the lab's real Prometheus."""
+    url = f"{PROMETHEUS}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body = json.load(resp)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def test_prometheus_scrapes_every_serving_instance(lab):
+    """The lab's Prometheus (Debian's package, roles/fleet_monitoring) scrapes every instance
+    of the fleet's list and the gateway: each is up, and vLLM's own metric names have a
+    sample per instance. The alert rules pass promtool on the host."""
+    assert lab["rc"] == 0, why(lab["output"])
+    listed = {e["labels"]["container"] for e in
+              json.loads((ROOT / ".cache/lab/vllm-file_sd.json").read_text())}
+    assert len(listed) == 3, listed  # two chat instances and the embedder
+    up = {r["metric"]["container"]: r["value"][1] for r in prom_query('up{job="vllm"}')}
+    assert up == {c: "1" for c in listed}, up
+    for metric in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+                   "vllm:num_requests_waiting"):
+        seen = {r["metric"]["container"] for r in prom_query(metric)}
+        assert seen == listed, (metric, seen)
+    assert [r["value"][1] for r in prom_query('up{job="gateway"}')] == ["1"]
+    assert prom_query('haproxy_backend_active_servers{job="gateway"}'), "no HAProxy metrics"
+    assert f"prometheus lab-gw {PROMETHEUS}: 3 of 3 vLLM instances up" in lab["output"]
+    rules = sh("docker", "exec", "gpufleet-lab-lab-gw", "promtool", "check", "rules",
+               "/etc/prometheus/rules/gpufleet.yml").stdout
+    assert "SUCCESS: 5 rules found" in rules, rules
+
+
 def test_a_second_site_run_changes_nothing(lab):
     rc, out = playbook("site.yml", limit="")
     stats = recap(out)
@@ -276,7 +312,8 @@ def test_d_bad_args_on_the_canary_roll_back_by_themselves(lab):
         "playbooks/upgrade.yml", {"vllm_server_models": bad, "vllm_server_image": NEXT_IMAGE},
         extra=FAST))
     assert rc != 0
-    assert "UPGRADE STOPPED at lab-h200" in out and "rolled back to its last good state" in out
+    assert "UPGRADE STOPPED at lab-h200" in out and "rolled back to its last good state" in out, why(out)
+    assert "ROLLBACK FAILED" not in out and "nothing was changed" not in out, why(out)
     assert totals["failed"] == 0, totals
     after = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     assert after["lab-a10g"] == before["lab-a10g"]
