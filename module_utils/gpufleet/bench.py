@@ -70,14 +70,28 @@ from __future__ import annotations
 
 import csv
 import io
+import ipaddress
 import json
 import math
 import os
+import re
 import warnings
 
 __all__ = [
     "BenchError",
     "BENCH_SERVE_FLAGS",
+    "PRESETS",
+    "bench_env",
+    "bench_plan",
+    "bench_serve_command",
+    "instance_from_inspect",
+    "is_loopback",
+    "knee_rps_by_host",
+    "knee_summary",
+    "parse_dmon",
+    "percentile_flags",
+    "plan_instances",
+    "summarise_gpu_samples",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_PAIRS",
     "LAB_CONCURRENCY",
@@ -105,6 +119,12 @@ DEFAULT_PAIRS = ((1000, 512), (10000, 512), (100000, 512), (1000, 128), (50, 20)
 # The lab's small model (max_model_len 1024-2048) on CPU or a small GPU.
 LAB_CONCURRENCY = (1, 2)
 LAB_PAIRS = ((32, 16), (64, 16))
+# fleet_benchmark_preset: the matrix a run uses unless the role's variables name one.
+PRESETS = {"default": {"concurrency": DEFAULT_CONCURRENCY, "pairs": DEFAULT_PAIRS},
+           "lab": {"concurrency": LAB_CONCURRENCY, "pairs": LAB_PAIRS}}
+# Prompts per point: at least this many per concurrency slot (the cliff's closed-loop rule
+# needs ~10 waves, see rate_below_offered), and at least the run's minimum.
+PROMPTS_PER_CONCURRENCY = 10
 
 # Latency metrics and percentiles the analysis reads; vLLM writes mean_<m>_ms,
 # median_<m>_ms, std_<m>_ms and p<P>_<m>_ms for each metric named in
@@ -470,3 +490,347 @@ def rows_to_csv(rows):
                                                        and math.isnan(row[k])) else row[k])
                          for k in ROW_FIELDS})
     return buffer.getvalue()
+
+
+# ---------------------------------------------------------------------------
+# Running the matrix against a serving instance (library/vllm_bench.py)
+# ---------------------------------------------------------------------------
+# `vllm bench serve` flags, read in the source of the vLLM that runs (the lab image's
+# vLLM 0.32.0, /opt/venv/lib/python3.11/site-packages/vllm/benchmarks/serve.py
+# add_cli_args() and datasets/datasets.py add_dataset_parser() / the random dataset's
+# group): --host/--port, --model (sent as the request's "model" when
+# --served-model-name is not given), --tokenizer, --dataset-name random,
+# --random-input-len, --random-output-len, --num-prompts, --max-concurrency,
+# --ignore-eos, --seed, --disable-tqdm, --result-dir (created), --result-filename,
+# --metadata KEY=VALUE... (nargs="*": it goes last). The API key is not a flag: the
+# request functions send `Authorization: Bearer $OPENAI_API_KEY`
+# (benchmarks/lib/endpoint_request_func.py _get_headers()), so it travels in the
+# container's environment, never in its argv.
+
+_SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.I)
+
+
+def percentile_flags(percentiles=PERCENTILES):
+    """BENCH_SERVE_FLAGS with --metric-percentiles set to `percentiles` (which must include
+    the 50, 90 and 99 the analysis reads)."""
+    try:
+        values = sorted({int(str(p)) for p in percentiles})
+    except (TypeError, ValueError):
+        raise BenchError(f"percentiles must be integers 1-99, not {percentiles!r}") from None
+    if not values or values[0] < 1 or values[-1] > 99:
+        raise BenchError(f"percentiles must be integers 1-99, not {percentiles!r}")
+    missing = [p for p in PERCENTILES if int(p) not in values]
+    if missing:
+        raise BenchError(f"percentiles {values} lack {', '.join(missing)}: the analysis reads "
+                         f"p{', p'.join(PERCENTILES)}")
+    flags = list(BENCH_SERVE_FLAGS)
+    flags[flags.index("--metric-percentiles") + 1] = ",".join(str(v) for v in values)
+    return tuple(flags)
+
+
+def bench_plan(concurrency, pairs, max_model_len=None, min_prompts=50,
+               prompts_per_concurrency=PROMPTS_PER_CONCURRENCY, overflow="clip"):
+    """matrix_points() with each point's num_prompts = max(prompts_per_concurrency x
+    concurrency, min_prompts), and a note when max_model_len is unknown."""
+    _positive_int(min_prompts, "min_prompts")
+    _positive_int(prompts_per_concurrency, "prompts_per_concurrency")
+    plan = matrix_points(concurrency, pairs, max_model_len, overflow)
+    for point in plan["points"]:
+        point["num_prompts"] = max(prompts_per_concurrency * point["concurrency"], min_prompts)
+    if max_model_len is None:
+        plan["notes"].append("max_model_len unknown (no --max-model-len on the container's "
+                             "command): pairs were not clipped; a pair longer than the model's "
+                             "own limit fails with vLLM's error")
+    plan["max_model_len"] = max_model_len
+    return plan
+
+
+def _flag_values(argv):
+    """{--flag: value} of an argv list (`--flag value` and `--flag=value`)."""
+    out = {}
+    for i, arg in enumerate(argv):
+        if not str(arg).startswith("--"):
+            continue
+        if "=" in arg:
+            key, value = arg.split("=", 1)
+            out[key] = value
+        elif i + 1 < len(argv) and not str(argv[i + 1]).startswith("--"):
+            out[arg] = argv[i + 1]
+        else:
+            out[arg] = True
+    return out
+
+
+def instance_from_inspect(attrs):
+    """What the benchmark needs from a serving container's `docker inspect` (the docker
+    SDK's container.attrs): image (as run) and image id, the model path in the container
+    and the mount it comes from, max_model_len (its `--max-model-len`, None without one),
+    settings (tp, len, seqs, dtype), GPU device ids, network mode, and its environment
+    without any variable whose name says key/token/secret/password."""
+    config = attrs.get("Config") or {}
+    host_config = attrs.get("HostConfig") or {}
+    cmd = [str(a) for a in (config.get("Cmd") or [])]
+    flags = _flag_values(cmd)
+    model_path = cmd[0] if cmd and not cmd[0].startswith("-") else flags.get("--model")
+    if not model_path or model_path is True:
+        raise BenchError(f"container {attrs.get('Name', '?').lstrip('/')}: its command "
+                         f"{cmd} names no model (vllm serve MODEL ...)")
+    mount = None
+    for m in attrs.get("Mounts") or []:
+        dest = str(m.get("Destination", "")).rstrip("/")
+        if dest and (model_path == dest or model_path.startswith(dest + "/")):
+            if mount is None or len(dest) > len(mount["target"]):
+                mount = {"source": m.get("Source"), "target": dest}
+    raw_len = flags.get("--max-model-len")
+    max_model_len = None
+    if raw_len not in (None, True):
+        text = str(raw_len).strip().lower()
+        scale = {"k": 1000, "m": 1000000}.get(text[-1:], 1)
+        try:
+            max_model_len = int(float(text[:-1] if scale > 1 else text) * scale)
+        except ValueError:
+            raise BenchError(f"--max-model-len {raw_len!r} on the container's command is not "
+                             f"a number") from None
+    devices = []
+    for request in host_config.get("DeviceRequests") or []:
+        devices += [str(d) for d in (request.get("DeviceIDs") or [])]
+    env = {}
+    for item in config.get("Env") or []:
+        name, _, value = str(item).partition("=")
+        if name and not _SECRET_ENV.search(name):
+            env[name] = value
+    settings = {"tensor_parallel_size": int(flags.get("--tensor-parallel-size")
+                                            or flags.get("-tp") or 1),
+                "max_model_len": max_model_len,
+                "max_num_seqs": (int(flags["--max-num-seqs"])
+                                 if flags.get("--max-num-seqs") not in (None, True) else None),
+                "dtype": flags.get("--dtype") if flags.get("--dtype") is not True else None}
+    return {"container": str(attrs.get("Name", "")).lstrip("/"), "image": config.get("Image"),
+            "image_id": attrs.get("Image"), "model_path": model_path, "model_mount": mount,
+            "max_model_len": max_model_len, "settings": settings, "gpu_device_ids": devices,
+            "gpu_runtime": host_config.get("Runtime"),
+            "network_mode": host_config.get("NetworkMode"), "env": env}
+
+
+def settings_text(settings):
+    """`tp=1 len=2048 seqs=256 float32`, as the fleet summary writes it."""
+    settings = settings or {}
+    parts = [f"tp={settings.get('tensor_parallel_size') or 1}"]
+    if settings.get("max_model_len"):
+        parts.append(f"len={settings['max_model_len']}")
+    if settings.get("max_num_seqs"):
+        parts.append(f"seqs={settings['max_num_seqs']}")
+    if settings.get("dtype"):
+        parts.append(str(settings["dtype"]))
+    return " ".join(parts)
+
+
+def is_loopback(address):
+    """True for a loopback IP address or `localhost` (the bench container then shares the
+    host's network: it must reach the instance on the same loopback)."""
+    text = str(address).strip("[]")
+    if text.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
+def split_target(target):
+    """("127.0.0.1", 18000) from a file_sd target `addr:port` (IPv6 in brackets)."""
+    text = str(target)
+    match = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\[\]]+):(\d+)", text)
+    if not match:
+        raise BenchError(f"target {target!r} is not ADDRESS:PORT")
+    address = match.group(1) or match.group(3)
+    port = int(match.group(2) or match.group(4))
+    if not 0 < port < 65536:
+        raise BenchError(f"target {target!r}: port {port} is not 1-65535")
+    return address, port
+
+
+def plan_instances(entries, hosts=None):
+    """The fleet's list of serving instances (vllm_server's file_sd JSON, parsed) split
+    into {"run": [...], "skipped": [...]}: run = generate instances of `hosts` (all when
+    None), each {host, container, model, served_model_name, runner, port, address,
+    target}; skipped = the others of those hosts, each with its `reason`."""
+    if not isinstance(entries, list):
+        raise BenchError("the instance list is a JSON list of file_sd entries, not "
+                         f"{type(entries).__name__}")
+    run, skipped = [], []
+    for entry in entries:
+        labels = (entry or {}).get("labels") or {}
+        targets = (entry or {}).get("targets") or []
+        if not labels.get("host") or not labels.get("container") or len(targets) != 1:
+            raise BenchError(f"an instance list entry needs labels host and container and one "
+                             f"target: {entry!r}")
+        if hosts is not None and labels["host"] not in hosts:
+            continue
+        address, port = split_target(targets[0])
+        item = {"host": labels["host"], "container": labels["container"],
+                "model": labels.get("model"), "served_model_name":
+                labels.get("served_model_name") or labels.get("model"),
+                "runner": labels.get("runner") or "generate", "port": port,
+                "address": address, "target": targets[0]}
+        if item["runner"] != "generate":
+            item["reason"] = (f"runner {item['runner']}: `vllm bench serve` measures text "
+                              f"generation (TTFT, tokens/s); a {item['runner']} instance "
+                              f"generates no tokens")
+            skipped.append(item)
+        else:
+            run.append(item)
+    return {"run": run, "skipped": skipped}
+
+
+def bench_serve_command(point, *, host, port, model, tokenizer, instance, result_dir,
+                        result_filename, percentiles=PERCENTILES, seed=0):
+    """The `vllm bench serve` argv (after the `vllm` entrypoint) for one point
+    {input_len, output_len, concurrency, num_prompts}."""
+    inp = _positive_int(point.get("input_len"), "input_len")
+    out = _positive_int(point.get("output_len"), "output_len")
+    conc = _positive_int(point.get("concurrency"), "concurrency")
+    prompts = _positive_int(point.get("num_prompts"), "num_prompts")
+    return (["bench", "serve", "--backend", "openai", "--host", str(host), "--port", str(port),
+             "--model", str(model), "--tokenizer", str(tokenizer),
+             "--dataset-name", "random", "--random-input-len", str(inp),
+             "--random-output-len", str(out), "--num-prompts", str(prompts),
+             "--max-concurrency", str(conc), "--ignore-eos", "--seed", str(int(seed)),
+             "--disable-tqdm", "--result-dir", str(result_dir),
+             "--result-filename", str(result_filename)]
+            + list(percentile_flags(percentiles))
+            + ["--metadata", f"instance={instance}", f"input_len={inp}", f"output_len={out}"])
+
+
+def bench_env(instance_env, api_key=None):
+    """The bench container's environment: the serving container's (secrets already left
+    out by instance_from_inspect; its CPU/OMP settings let the CPU build start alike),
+    offline hub, and the API key as OPENAI_API_KEY when there is one."""
+    env = {str(k): str(v) for k, v in (instance_env or {}).items()
+           if not _SECRET_ENV.search(str(k))}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    if api_key:
+        env["OPENAI_API_KEY"] = str(api_key)
+    return env
+
+
+# ---------------------------------------------------------------------------
+# GPU utilisation during a point
+# ---------------------------------------------------------------------------
+
+def parse_dmon(text):
+    """Samples from `nvidia-smi dmon` output: [{"index", "util", "mem_util", "fb_mib",
+    "power_w"}...], columns found by the header (`# gpu pwr gtemp mtemp sm mem ...  fb`),
+    `-` as None."""
+    header, samples = None, []
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "#":
+            parts = parts[1:]
+        if line.lstrip().startswith("#"):
+            if parts and parts[0].lower() == "gpu":  # the names; "# Idx W C ..." are units
+                header = [p.lower() for p in parts]
+            continue
+        if header is None or len(parts) != len(header):
+            continue
+        row = dict(zip(header, parts))
+
+        def num(key):
+            try:
+                return float(row[key])
+            except (KeyError, ValueError):
+                return None
+        index = num("gpu")
+        if index is None:
+            continue
+        samples.append({"index": int(index), "util": num("sm"), "mem_util": num("mem"),
+                        "fb_mib": num("fb"), "power_w": num("pwr")})
+    return samples
+
+
+def summarise_gpu_samples(samples, source=None, reason=None):
+    """{"sampled", "source", "reason", "devices": [{index, samples, util_mean, util_max,
+    fb_max_mib, power_mean_w}]} from raw samples; sampled is false (with the reason)
+    when there are none."""
+    by_index = {}
+    for sample in samples or []:
+        by_index.setdefault(int(sample["index"]), []).append(sample)
+    if not by_index:
+        return {"sampled": False, "source": source, "devices": [],
+                "reason": reason or "no GPU on this host: no utilisation sampled"}
+
+    def stat(values, fn):
+        values = [v for v in values if v is not None]
+        return round(fn(values), 1) if values else None
+    devices = []
+    for index in sorted(by_index):
+        rows = by_index[index]
+        devices.append({"index": index, "samples": len(rows),
+                        "util_mean": stat([r.get("util") for r in rows], lambda v: sum(v) / len(v)),
+                        "util_max": stat([r.get("util") for r in rows], max),
+                        "fb_max_mib": stat([r.get("fb_mib") for r in rows], max),
+                        "power_mean_w": stat([r.get("power_w") for r in rows],
+                                             lambda v: sum(v) / len(v))})
+    return {"sampled": True, "source": source, "reason": None, "devices": devices}
+
+
+# ---------------------------------------------------------------------------
+# The knee as facts (upgrade.yml's capacity gate)
+# ---------------------------------------------------------------------------
+
+def knee_summary(groups):
+    """{instance: {"concurrency", "output_throughput", "request_throughput", "input_len",
+    "output_len", "why_no_knee", "pairs": [...]}} from analyse()'s groups. With several
+    pairs the instance's knee is the pair whose knee sustains the fewest requests/s (the
+    heaviest workload measured: a conservative capacity); without any knee the figures
+    are None and why_no_knee says why for each pair."""
+    out = {}
+    for group in groups:
+        inst = group["instance"]
+        entry = out.setdefault(inst, {"concurrency": None, "output_throughput": None,
+                                      "request_throughput": None, "input_len": None,
+                                      "output_len": None, "why_no_knee": None, "pairs": []})
+        pair = {"input_len": group["input_len"], "output_len": group["output_len"]}
+        if group["knee"]:
+            c = group["knee"]["concurrency"]
+            row = next(r for r in group["rows"] if r["concurrency"] == c)
+            pair.update(concurrency=c, output_throughput=row["output_throughput"],
+                        request_throughput=row["request_throughput"])
+        else:
+            pair.update(concurrency=None, why_no_knee=group["why_no_knee"])
+        entry["pairs"].append(pair)
+    for inst, entry in out.items():
+        knees = [p for p in entry["pairs"] if p["concurrency"] is not None]
+        if knees:
+            best = min(knees, key=lambda p: p["request_throughput"])
+            entry.update({k: best[k] for k in ("concurrency", "output_throughput",
+                                               "request_throughput", "input_len", "output_len")})
+        else:
+            entry["why_no_knee"] = "; ".join(
+                f"({p['input_len']}, {p['output_len']}): {p['why_no_knee']}"
+                for p in entry["pairs"])
+    return out
+
+
+def knee_rps_by_host(instances, knees, backend_of):
+    """{host: {backend: requests/s}}: for each host, per backend (served model) it serves,
+    the sum of the knee request throughput of that model's instances on OTHER hosts:
+    what capacity_verdict (upgrade.py) reads as knee_rps when the host leaves service.
+    instances: [{host, container (the instance name), served_model_name}]; knees:
+    knee_summary(); backend_of: served model name -> backend name. A backend none of whose
+    other instances has a knee is left out (only availability is then checked)."""
+    out = {}
+    for inst in instances:
+        out.setdefault(inst["host"], {})
+    for host in out:
+        mine = {i["served_model_name"] for i in instances if i["host"] == host}
+        for model in sorted(mine):
+            others = [knees.get(i["container"]) or {} for i in instances
+                      if i["served_model_name"] == model and i["host"] != host]
+            rates = [k["request_throughput"] for k in others
+                     if k.get("request_throughput") is not None]
+            if rates:
+                out[host][backend_of(model)] = round(sum(rates), 4)
+    return out

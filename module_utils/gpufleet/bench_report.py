@@ -1,0 +1,386 @@
+"""The benchmark run's files: raw results, one CSV per instance, PNG plots and one
+self-contained HTML report (plots embedded as base64 data URIs).
+
+Plain data in, bytes out (build_report), and one writer that never overwrites a run
+folder (write_run). The plots use matplotlib with the Agg backend (no display),
+imported only when a report is built; the analysis is gpufleet.bench's (analyse,
+knee_summary), so the knee and the cliff drawn are the ones the analysis reports.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+import re
+
+from .bench import (BenchError, analyse, knee_rps_by_host, knee_summary, rows_to_csv,
+                    settings_text)
+from .gateway import backend_name
+
+__all__ = ["build_report", "fleet_row", "gpu_text", "plot_files", "write_run"]
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _safe(name):
+    return _SAFE.sub("_", str(name)).strip("_") or "instance"
+
+
+def gpu_text(gpu_facts):
+    """`8x H200` from ansible_facts.gpu (names without the NVIDIA prefix; `-` without GPUs)."""
+    facts = gpu_facts or {}
+    devices = facts.get("devices") or []
+    if not facts.get("present") or not devices:
+        return "-"
+    names = {}
+    for device in devices:
+        name = re.sub(r"^NVIDIA\s+", "", str(device.get("name") or "?"))
+        names[name] = names.get(name, 0) + 1
+    return ", ".join(f"{count}x {name}" for name, count in names.items())
+
+
+def fleet_row(instance):
+    """One row of the fleet table: host, GPUs, driver, CUDA, image, model, settings."""
+    facts = instance.get("gpu_facts") or {}
+    return {"instance": instance["instance"], "host": instance.get("host") or "-",
+            "gpus": gpu_text(facts), "driver": facts.get("driver_version") or "-",
+            "cuda": facts.get("cuda_driver_version") or "-",
+            "image": instance.get("image") or "-",
+            "model": instance.get("served_model_name") or instance.get("model") or "-",
+            "settings": settings_text(instance.get("settings"))}
+
+
+# ---------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise BenchError("the plots need matplotlib (requirements-runtime.txt): "
+                         "pip install -r requirements-runtime.txt") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _png(fig, plt):
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _pair(group):
+    return f"in={group['input_len']} out={group['output_len']}"
+
+
+def _failed_marks(ax, rows, x_key):
+    failed = [r for r in rows if r["status"] == "failed"]
+    if failed:
+        ax.scatter([r[x_key] for r in failed], [0] * len(failed), marker="x", color="red",
+                   s=60, zorder=5, label="failed point")
+
+
+def plot_files(instance, groups):
+    """{file name: PNG bytes} for one instance: throughput vs concurrency (knee marked),
+    p99 TTFT and E2E vs concurrency (cliff marked), and vs input length (the cliff
+    points marked)."""
+    plt = _pyplot()
+    name = _safe(instance)
+    files = {}
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for group in groups:
+        ok = [r for r in group["rows"] if r["status"] == "ok"]
+        line = ax.plot([r["concurrency"] for r in ok], [r["output_throughput"] for r in ok],
+                       marker="o", label=_pair(group))[0]
+        knee = group["knee"]
+        if knee:
+            row = next(r for r in ok if r["concurrency"] == knee["concurrency"])
+            ax.scatter([knee["concurrency"]], [row["output_throughput"]], marker="*", s=260,
+                       color=line.get_color(), edgecolor="black", zorder=6)
+            ax.annotate(f"knee c={knee['concurrency']}",
+                        (knee["concurrency"], row["output_throughput"]),
+                        textcoords="offset points", xytext=(6, -14), fontsize=8)
+        _failed_marks(ax, group["rows"], "concurrency")
+    ax.set_xscale("log", base=2)
+    _ticks(ax, [r["concurrency"] for g in groups for r in g["rows"]])
+    ax.set_xlabel("concurrency (--max-concurrency)")
+    ax.set_ylabel("output throughput (tokens/s)")
+    ax.set_title(f"{instance}: throughput vs concurrency (star = knee)")
+    ax.grid(True, alpha=0.3)
+    _legend(ax)
+    files[f"{name}-throughput.png"] = _png(fig, plt)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, metric, label in ((axes[0], "p99_ttft_ms", "p99 TTFT (ms)"),
+                              (axes[1], "p99_e2el_ms", "p99 E2E latency (ms)")):
+        for group in groups:
+            ok = [r for r in group["rows"] if r["status"] == "ok"]
+            line = ax.plot([r["concurrency"] for r in ok], [r[metric] for r in ok],
+                           marker="o", label=_pair(group))[0]
+            cliff = group["cliff"]
+            if cliff:
+                ax.axvline(cliff["concurrency"], color=line.get_color(), linestyle="--",
+                           alpha=0.8)
+                ax.annotate(f"cliff c={cliff['concurrency']} ({cliff['rule']})",
+                            (cliff["concurrency"], ax.get_ylim()[1] if ok else 0),
+                            textcoords="offset points", xytext=(3, -12), fontsize=7,
+                            color=line.get_color())
+            _failed_marks(ax, group["rows"], "concurrency")
+        ax.set_xscale("log", base=2)
+        _ticks(ax, [r["concurrency"] for g in groups for r in g["rows"]])
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        _legend(ax)
+    fig.suptitle(f"{instance}: p99 latency vs concurrency (dashed = cliff)")
+    files[f"{name}-latency-vs-concurrency.png"] = _png(fig, plt)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    series = {}
+    for group in groups:
+        for row in group["rows"]:
+            series.setdefault((row["concurrency"], group["output_len"]), []).append((group, row))
+    for ax, metric, label in ((axes[0], "p99_ttft_ms", "p99 TTFT (ms)"),
+                              (axes[1], "p99_e2el_ms", "p99 E2E latency (ms)")):
+        for (conc, out), items in sorted(series.items()):
+            items.sort(key=lambda item: item[0]["input_len"])
+            ok = [(g, r) for g, r in items if r["status"] == "ok"]
+            ax.plot([g["input_len"] for g, _ in ok], [r[metric] for _, r in ok],
+                    marker="o", label=f"c={conc} out={out}")
+            at_cliff = [(g, r) for g, r in ok
+                        if g["cliff"] and g["cliff"]["concurrency"] == conc]
+            if at_cliff:
+                ax.scatter([g["input_len"] for g, _ in at_cliff], [r[metric] for _, r in at_cliff],
+                           s=180, facecolors="none", edgecolors="red", linewidths=2, zorder=6,
+                           label=f"cliff (c={conc})")
+            failed = [g for g, r in items if r["status"] == "failed"]
+            if failed:
+                ax.scatter([g["input_len"] for g in failed], [0] * len(failed), marker="x",
+                           color="red", s=60, zorder=5, label="failed point")
+        ax.set_xscale("log")
+        _ticks(ax, [g["input_len"] for g in groups])
+        ax.set_xlabel("input length (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        _legend(ax)
+    fig.suptitle(f"{instance}: p99 latency vs input length (red ring = cliff point)")
+    files[f"{name}-latency-vs-input.png"] = _png(fig, plt)
+    return files
+
+
+def _ticks(ax, values):
+    """Plain numbers at the measured values on a log axis (not 2^n)."""
+    values = sorted({v for v in values if v})
+    if values:
+        ax.set_xticks(values)
+        ax.set_xticklabels([str(v) for v in values])
+        ax.minorticks_off()
+
+
+def _legend(ax):
+    handles, labels = ax.get_legend_handles_labels()
+    seen = {}
+    for handle, label in zip(handles, labels):
+        seen.setdefault(label, handle)
+    if seen:
+        ax.legend(list(seen.values()), list(seen), fontsize=7, loc="upper left")
+
+
+# ---------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------
+
+def _point_name(point):
+    row = point["row"]
+    return f"c{row['concurrency']}-in{row['input_len']}-out{row['output_len']}"
+
+
+def build_report(points, instances, skipped=(), run_id="", matrix=None, analysis=None,
+                 with_plots=True):
+    """Everything a run writes, in memory: {"files": {relative path: bytes}, "summary":
+    {...}}. points: the vllm_bench results of the run, each with `instance`, `status`,
+    `row` and, when measured, `result`; failed ones `error` and `log_tail`, and `gpu`.
+    instances: [{instance, host, container, model, served_model_name, image, settings,
+    max_model_len, notes, gpu_facts}]. skipped: [{instance or container, host, reason}].
+    analysis: keyword arguments of bench.analyse()."""
+    analysis = dict(analysis or {})
+    by_name = {i["instance"]: i for i in instances}
+    for point in points:
+        if point.get("instance") not in by_name:
+            raise BenchError(f"a point names instance {point.get('instance')!r}, which is not "
+                             f"in the run's instances {sorted(by_name)}")
+        if not isinstance(point.get("row"), dict):
+            raise BenchError(f"a point of {point['instance']} has no row (a vllm_bench result "
+                             f"with a point)")
+    files, groups_by_instance = {}, {}
+    all_groups = analyse([p["row"] for p in points], **analysis) if points else []
+    for group in all_groups:
+        groups_by_instance.setdefault(group["instance"], []).append(group)
+    for point in points:
+        base = f"raw/{_safe(point['instance'])}/{_point_name(point)}"
+        if point["status"] == "ok":
+            files[base + ".json"] = (json.dumps(point["result"], indent=2) + "\n").encode()
+        else:
+            files[base + ".failed.json"] = (json.dumps(
+                {"status": "failed", "error": point.get("error"), "point": point["row"],
+                 "command": point.get("command"), "log_tail": point.get("log_tail")},
+                indent=2) + "\n").encode()
+    images = {}
+    for inst in instances:
+        name = inst["instance"]
+        rows = [r for g in groups_by_instance.get(name, []) for r in g["rows"]]
+        files[f"{_safe(name)}.csv"] = rows_to_csv(rows).encode()
+        if with_plots and groups_by_instance.get(name):
+            plots = plot_files(name, groups_by_instance[name])
+            files.update(plots)
+            images[name] = list(plots)
+    knees = knee_summary(all_groups)
+    knee_facts = {}
+    for inst in instances:
+        if inst["instance"] in knees:
+            knee_facts.setdefault(inst["host"], {})[inst["instance"]] = knees[inst["instance"]]
+    knee_rps = knee_rps_by_host(
+        [{"host": i["host"], "container": i["instance"],
+          "served_model_name": i.get("served_model_name") or i.get("model")} for i in instances],
+        knees, backend_name)
+    counts = {"total": len(points), "ok": sum(p["status"] == "ok" for p in points),
+              "failed": sum(p["status"] != "ok" for p in points)}
+    summary = {
+        "run_id": run_id, "points": counts, "matrix": matrix,
+        "groups": [{k: v for k, v in g.items() if k != "rows"} for g in all_groups],
+        "knees": knees, "knee_facts": knee_facts, "knee_rps_by_host": knee_rps,
+        "failed_points": [{"instance": p["instance"], **{k: p["row"][k] for k in
+                           ("concurrency", "input_len", "output_len")}, "error": p.get("error")}
+                          for p in points if p["status"] != "ok"],
+        "skipped": list(skipped),
+        "notes": {i["instance"]: list(i.get("notes") or []) for i in instances},
+        "fleet": [fleet_row(i) for i in instances]}
+    files["summary.json"] = (json.dumps(summary, indent=2) + "\n").encode()
+    files["report.html"] = _html(summary, instances, groups_by_instance, points, files,
+                                 images).encode()
+    return {"files": files, "summary": summary}
+
+
+def _e(value):
+    return html.escape("-" if value is None else str(value))
+
+
+def _gpu_cell(gpu):
+    if not gpu or not gpu.get("sampled"):
+        return _e((gpu or {}).get("reason") or "no GPU on this host: no utilisation sampled")
+    return "; ".join(f"GPU{d['index']}: util {d['util_mean']}% mean / {d['util_max']}% max, "
+                     f"{d['fb_max_mib']} MiB, {d['power_mean_w']} W" for d in gpu["devices"])
+
+
+_CSS = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:"
+        "collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:4px 8px;font-size:13px;"
+        "text-align:left;vertical-align:top}th{background:#eee}.failed{color:#b00}"
+        "img{max-width:100%;border:1px solid #ddd;margin:4px 0}code{background:#f4f4f4}")
+
+
+def _html(summary, instances, groups_by_instance, points, files, images):
+    out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>",
+           f"<title>gpufleet benchmark {_e(summary['run_id'])}</title>",
+           f"<style>{_CSS}</style></head><body>",
+           f"<h1>gpufleet benchmark {_e(summary['run_id'])}</h1>",
+           f"<p>{summary['points']['total']} point(s): {summary['points']['ok']} measured, "
+           f"{summary['points']['failed']} failed (each with its reason below). Matrix: "
+           f"<code>{_e(json.dumps(summary['matrix']))}</code></p>",
+           "<h2>Fleet</h2><table id='fleet'><tr><th>host</th><th>instance</th><th>GPUs</th>"
+           "<th>driver</th><th>CUDA</th><th>image</th><th>model</th><th>settings</th>"
+           "<th>knee</th><th>cliff</th></tr>"]
+    for row in summary["fleet"]:
+        knee = summary["knees"].get(row["instance"]) or {}
+        groups = groups_by_instance.get(row["instance"], [])
+        cliffs = [f"c={g['cliff']['concurrency']} ({g['cliff']['rule']}, in={g['input_len']} "
+                  f"out={g['output_len']})" for g in groups if g["cliff"]]
+        knee_text = (f"c={knee['concurrency']}: {knee['output_throughput']:.1f} tok/s, "
+                     f"{knee['request_throughput']:.3g} req/s (in={knee['input_len']} "
+                     f"out={knee['output_len']})" if knee.get("concurrency") else "none")
+        out.append("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in (
+            row["host"], row["instance"], row["gpus"], row["driver"], row["cuda"], row["image"],
+            row["model"], row["settings"], knee_text, "; ".join(cliffs) or "none")) + "</tr>")
+    out.append("</table>")
+    if summary["skipped"]:
+        out.append("<h2>Skipped instances</h2><ul>")
+        out += [f"<li>{_e(s.get('host'))} {_e(s.get('instance') or s.get('container'))}: "
+                f"{_e(s.get('reason'))}</li>" for s in summary["skipped"]]
+        out.append("</ul>")
+    out.append("<h2>How to read this</h2><p>The <b>knee</b> is where more concurrency stops "
+               "buying output throughput (kneed, concave increasing, on the measured points of "
+               "one input/output pair). The <b>cliff</b> is the first concurrency where the "
+               "service breaks: a failed point, failed requests, request throughput below "
+               "what the concurrency offers (Little's law), or a p99 TTFT / E2E jump larger "
+               "than the concurrency explains. Rules and thresholds: docs/benchmark.md.</p>")
+    for inst in instances:
+        name = inst["instance"]
+        out.append(f"<h2 id='{_e(_safe(name))}'>{_e(name)} on {_e(inst.get('host'))}</h2>")
+        out.append(f"<p>CSV: <code>{_e(_safe(name))}.csv</code>; max_model_len "
+                   f"{_e(inst.get('max_model_len'))}</p>")
+        notes = inst.get("notes") or []
+        out.append("<p>Clipping: " + ("; ".join(_e(n) for n in notes) if notes else
+                                      "none: every pair fits max_model_len") + "</p>")
+        out.append("<table><tr><th>pair</th><th>knee</th><th>cliff</th><th>findings</th></tr>")
+        for g in groups_by_instance.get(name, []):
+            knee = (f"c={g['knee']['concurrency']} [{g['knee']['rule']}]: {g['knee']['detail']}"
+                    if g["knee"] else g["why_no_knee"])
+            cliff = (f"c={g['cliff']['concurrency']} [{g['cliff']['rule']}]: {g['cliff']['detail']}"
+                     if g["cliff"] else g["why_no_cliff"])
+            findings = "<br>".join(f"c={f['concurrency']} [{_e(f['rule'])}] {_e(f['detail'])}"
+                                   for f in g["findings"]) or "-"
+            out.append(f"<tr><td>in={g['input_len']} out={g['output_len']}</td><td>{_e(knee)}</td>"
+                       f"<td>{_e(cliff)}</td><td>{findings}</td></tr>")
+        out.append("</table>")
+        mine = sorted((p for p in points if p["instance"] == name),
+                      key=lambda p: (p["row"]["input_len"], p["row"]["output_len"],
+                                     p["row"]["concurrency"]))
+        out.append("<table><tr><th>point</th><th>status</th><th>output tok/s</th><th>req/s</th>"
+                   "<th>p99 TTFT ms</th><th>p99 E2E ms</th><th>GPU utilisation</th></tr>")
+        for p in mine:
+            r = p["row"]
+            status = ("ok" if p["status"] == "ok"
+                      else f"<span class='failed'>failed: {_e(p.get('error'))}</span>")
+            cells = [_fmt(r.get(k)) for k in ("output_throughput", "request_throughput",
+                                                "p99_ttft_ms", "p99_e2el_ms")]
+            out.append(f"<tr><td>c={r['concurrency']} in={r['input_len']} out={r['output_len']}"
+                       f"</td><td>{status}</td>" + "".join(f"<td>{c}</td>" for c in cells)
+                       + f"<td>{_gpu_cell(p.get('gpu'))}</td></tr>")
+        out.append("</table>")
+        for image in images.get(name, []):
+            data = base64.b64encode(files[image]).decode("ascii")
+            out.append(f"<p><img alt='{_e(image)}' src='data:image/png;base64,{data}'></p>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _fmt(value):
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else _e(value)
+
+
+def write_run(root, run_id, files):
+    """Write `files` under root/run_id, which must not exist (a run never overwrites
+    another); return the folder's path."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", str(run_id or "")) or run_id in (".", ".."):
+        raise BenchError(f"run id {run_id!r} must be a folder name (letters, digits, . _ -)")
+    folder = os.path.join(os.fspath(root), run_id)
+    os.makedirs(os.fspath(root), exist_ok=True)
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        raise BenchError(f"{folder} exists already: a run never overwrites another; "
+                         f"use a new run id (the UTC timestamp) or another output folder") from None
+    for rel, data in sorted(files.items()):
+        path = os.path.join(folder, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
+    return folder
