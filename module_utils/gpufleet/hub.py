@@ -624,6 +624,12 @@ def _open_nofollow(path, mode):
 
 def load_manifest(dest):
     """The manifest's files dict ({} when absent or unreadable: then nothing is trusted)."""
+    files = read_manifest(dest).get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def read_manifest(dest):
+    """The whole manifest ({} when absent, unreadable or of another format)."""
     path = state_path(dest, MANIFEST_NAME)
     try:
         with _open_nofollow(path, "rb") as fh:
@@ -632,8 +638,7 @@ def load_manifest(dest):
         return {}
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         return {}
-    files = data.get("files")
-    return files if isinstance(files, dict) else {}
+    return data
 
 
 def _write_json_atomic(path, data):
@@ -1026,7 +1031,12 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
     if not files:
         raise HubError(f"no file of {repo_id}@{commit} matches allow_patterns/"
                        "ignore_patterns; check the patterns.")
+    old = read_manifest(dest)
     manifest = load_manifest(dest)
+    # The files of a new commit can all equal the old one's (a commit that touched only
+    # files outside the patterns): the folder then holds the new commit, and the manifest
+    # must say so (the deploy labels and the upgrade's last-good record read its commit).
+    recommit = bool(old) and (old.get("commit"), old.get("repo_id")) != (commit, repo_id)
     fetcher = Fetcher(client, repo_id, commit, dest, verify, int(max_workers))
     plan = fetcher.classify(files, manifest)
     kept, deleted = leftovers(dest, listing, {f.path for f in files}, manifest)
@@ -1039,7 +1049,7 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
         would = {"missing": "would_download", "stale": "would_download",
                  "outdated": "would_download", "present": "would_verify",
                  "trusted": "trusted"}
-        result.update(changed=bool(deleted)
+        result.update(changed=bool(deleted) or recommit
                       or any(would[s] == "would_download" for _, s in plan),
                       bytes_downloaded=0,
                       bytes_verified=0,
@@ -1053,7 +1063,7 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
         for path in deleted:
             os.unlink(path_under(dest, path, final_may_be_link=True))
         changed = _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan,
-                                  outcome, manifest, kept)
+                                  outcome, manifest, kept, recommit)
     finally:
         lock.release()
     changed = changed or bool(deleted) or bool(fetcher.quarantined) \
@@ -1103,11 +1113,11 @@ def leftovers(dest, listing, planned, manifest):
 
 
 def _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan, outcome, old,
-                    kept):
-    """Record the verified files; returns True when the file list changed."""
+                    kept, recommit=False):
+    """Record the verified files; returns True when the file list or the commit changed."""
     verified = [f for f, _ in plan if f.path in outcome]
     files = {**kept, **manifest_entries(dest, verified)}
-    if files == old and len(verified) == len(plan):
+    if files == old and len(verified) == len(plan) and not recommit:
         return False
     write_manifest(dest, repo_id, revision, commit, client.endpoint, files,
                    complete=len(verified) == len(plan))

@@ -331,12 +331,18 @@ def build_record(inputs, image_id, instances, driver_version=""):
     }
 
 
-def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_changed=False):
+def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_changed=False,
+                  instances=None):
     """The variables that re-run the roles to the recorded state.
 
     The vllm_server inputs come from the record (image by id, never pulled); each
     model_fetch entry whose folder is in the record is pinned to the recorded commit;
     the driver to the recorded version when this upgrade changed it.
+
+    `instances` (the failed upgrade's plan: each with its folder and the commit it holds
+    now) leaves out the entries whose folder still holds the recorded commit: nothing is
+    fetched for them, so a rollback of a bad setting never depends on the mirror still
+    serving an older commit (a mirror that publishes only its current commit answers 404).
     """
     if not record or record.get("version") != 1 or "inputs" not in record:
         raise UpgradeError("no usable last-good record on the host (it is written when a "
@@ -344,11 +350,15 @@ def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_cha
     out = dict(record["inputs"])
     out["vllm_server_image_pull"] = "never"
     commits = {path: commit for path, commit in record.get("models", [])}
+    holds = {i["mounts"][0]["source"]: str(i.get("revision"))
+             for i in instances or [] if i.get("mounts")}
     pinned = []
     for entry in model_fetch_models or []:
         dest = entry.get("dest") or f"{str(model_fetch_root).rstrip('/')}/{entry['repo_id']}"
         item = dict(entry)
         commit = commits.get(dest)
+        if commit and holds.get(dest) == commit:
+            continue
         if commit and not commit.startswith("local-"):
             item["revision"] = commit
         pinned.append(item)

@@ -473,6 +473,29 @@ def test_new_revision_replaces_changed_files_without_quarantine(files, tmp_path)
     assert manifest["commit"] == res["commit"]
 
 
+def test_new_commit_with_the_same_files_is_recorded(files, tmp_path):
+    """main moved by a commit that touched only files outside the patterns: nothing is
+    downloaded, but the manifest must name the new commit (the deploy's model-commit label
+    and the upgrade's last-good record read it; the old commit may no longer be served, as
+    on the lab's site mirror, where a rollback pinned to it answered 404)."""
+    v2 = dict(files)
+    v2["README.md"] = b"a new README only\n"
+    allow = ["*.json", "*.safetensors"]
+    with HubStub([Repo("org/model", files)]) as s:
+        first = hub.sync_repo(client(s.url), "org/model", "main", tmp_path, allow_patterns=allow)
+    with HubStub([Repo("org/model", v2)]) as s:
+        plan = hub.sync_repo(client(s.url), "org/model", "main", tmp_path, allow_patterns=allow,
+                             check_mode=True)
+        assert plan["changed"] is True and plan["commit"] != first["commit"]
+        assert {f["status"] for f in plan["files"]} == {"trusted"}
+        res = hub.sync_repo(client(s.url), "org/model", "main", tmp_path, allow_patterns=allow)
+        again = hub.sync_repo(client(s.url), "org/model", "main", tmp_path, allow_patterns=allow)
+    assert res["changed"] is True and res["bytes_downloaded"] == 0
+    manifest = json.loads((tmp_path / ".gpufleet/manifest.json").read_text())
+    assert manifest["commit"] == res["commit"] == plan["commit"]
+    assert again["changed"] is False
+
+
 def test_patterns_add_up_and_files_deleted_upstream_are_removed(files, tmp_path):
     with HubStub([Repo("org/model", files)]) as s:
         hub.sync_repo(client(s.url), "org/model", "main", tmp_path, allow_patterns=["*.json"])

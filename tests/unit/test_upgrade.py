@@ -159,6 +159,19 @@ def test_rollback_vars_pin_image_models_and_driver():
         upgrade.rollback_vars({}, fetch, "/srv/models")
 
 
+def test_rollback_fetches_only_the_folders_the_upgrade_changed():
+    """A folder that still holds its recorded commit is not fetched again (the failed
+    upgrade did not change it): no request to a mirror that may no longer serve it."""
+    record = upgrade.build_record(INPUTS, "sha256:feed", INSTANCES)
+    fetch = [{"repo_id": "org/m", "revision": "main"}, {"repo_id": "org/other"}]
+    same = [{"mounts": [{"source": "/srv/models/org/m"}], "revision": "abc123"}]
+    moved = [{"mounts": [{"source": "/srv/models/org/m"}], "revision": "def456"}]
+    assert upgrade.rollback_vars(record, fetch, "/srv/models", False, same)[
+        "model_fetch_models"] == [{"repo_id": "org/other"}]
+    assert upgrade.rollback_vars(record, fetch, "/srv/models", False, moved)[
+        "model_fetch_models"] == [{"repo_id": "org/m", "revision": "abc123"}, {"repo_id": "org/other"}]
+
+
 def test_vllm_record_module_writes_reads_and_is_idempotent(tmp_path, monkeypatch):
     import vllm_record
     path = str(tmp_path / "sub" / "rec.json")
