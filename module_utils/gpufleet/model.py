@@ -51,11 +51,18 @@ ENCODER_ONLY_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "nomic_bert", "mod
 # model_types whose KV layout gpufleet has checked: decoder families whose vLLM model
 # files build a standard Attention layer from num_key_value_heads / head_dim, the MLA
 # families (kv_lora_rank), families described by `layer_types`, and encoder-only
-# pooling models. Anything else needs allow_unknown_architecture.
+# pooling models. Anything else needs allow_unknown_architecture. The families added
+# for issue #14 item 5 were each read in vLLM 0.33.0 (commit 4ba787ec9) and tested on
+# the model's own config.json (tests/unit/test_model_families.py, docs/tuning.md).
 KNOWN_MODEL_TYPES = {
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
     "deepseek_v2", "deepseek_v3", "gpt_oss", "gemma2", "gemma3_text",
+    "phi3", "exaone4", "olmo3", "minimax_m2", "kimi_k2",
 } | ENCODER_ONLY_MODEL_TYPES
+# Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
+# requires) that change the KV layout when config.json leaves the field out:
+# MistralConfig.sliding_window is 4096, so a Mistral config without the key slides.
+CONFIG_DEFAULTS = {"mistral": {"sliding_window": 4096}}
 # Files that mark a sentence-transformers (embedding) checkpoint.
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json",
                                "sentence_bert_config.json")
@@ -82,6 +89,92 @@ DEEPSEEK_V4_MISSING = (
     "would be a guess. Run vLLM once with --kv-cache-memory-bytes and read its "
     "'KV cache size: N tokens' line instead."
 )
+
+
+# Structures whose KV cache (or recurrent state) vLLM builds in a way the tuner does
+# not model, each recognised by the config field that shows it, whatever the
+# model_type: (field, does this value show the structure, what vLLM does with it).
+# Read in vLLM 0.33.0 (commit 4ba787ec9). `layer_types` entries other than
+# full/sliding attention and DeepSeek-V4's `compress_ratios` are checked beside these.
+UNMODELLED_STRUCTURES = (
+    ("attention_chunk_size", lambda v, text: v is not None,
+     "chunked local attention (Llama 4): the RoPE layers are ChunkedLocalAttention "
+     "layers whose cache keeps only the current chunk, the NoPE layers (no_rope_layers) "
+     "full attention (vllm/model_executor/models/llama4.py)"),
+    ("num_kv_shared_layers", lambda v, text: _is_int(v) and v > 0,
+     "cross-layer KV sharing (Gemma 3n): the last num_kv_shared_layers layers read an "
+     "earlier layer's KV cache (kv_sharing_target_layer_name in "
+     "vllm/model_executor/models/gemma3n.py), so there are fewer caches than layers"),
+    ("global_head_dim", lambda v, text: v is not None and v != text.get("head_dim"),
+     "full-attention layers with their own head size (Gemma 4): pages of two sizes, one "
+     "per layer kind (Gemma4Config in vllm/model_executor/models/config.py)"),
+    ("num_global_key_value_heads",
+     lambda v, text: v is not None and v != text.get("num_key_value_heads"),
+     "full-attention layers with their own KV head count (Gemma 4): pages of two sizes, "
+     "one per layer kind (Gemma4Config in vllm/model_executor/models/config.py)"),
+    ("full_attention_interval", lambda v, text: v is not None,
+     "hybrid linear attention (Qwen3-Next, Qwen3.5): Gated DeltaNet layers keep a "
+     "recurrent state per request, not a KV cache (vllm/model_executor/models/"
+     "qwen3_next.py, qwen3_5.py)"),
+    ("hybrid_override_pattern", lambda v, text: v is not None,
+     "a Mamba2 hybrid (Nemotron-H): 'M' layers keep a Mamba state per request, only "
+     "'*' layers a KV cache (vllm/model_executor/models/nemotron_h.py)"),
+    ("ssm_state_size", lambda v, text: v is not None,
+     "Mamba/SSM layers: a recurrent state per request, not a KV cache "
+     "(vllm/model_executor/models/mamba2.py, nemotron_h.py, jamba.py)"),
+    ("mamba_d_state", lambda v, text: v is not None,
+     "Mamba/SSM layers: a recurrent state per request, not a KV cache "
+     "(vllm/model_executor/models/falcon_h1.py, zamba2.py, granitemoehybrid.py)"),
+    ("attn_layer_period", lambda v, text: v is not None,
+     "a Mamba hybrid (Jamba): attention every attn_layer_period layers, Mamba state in "
+     "the others (vllm/model_executor/models/jamba.py)"),
+    ("block_configs", lambda v, text: v is not None,
+     "per-layer blocks (DeciLM / Llama-Nemotron NAS): layers without attention (no_op) "
+     "and a KV head count per layer (n_heads_in_group) (vllm/model_executor/models/"
+     "nemotron_nas.py)"),
+    ("index_topk", lambda v, text: v is not None,
+     "sparse attention with an indexer (DeepSeek-V3.2, GLM-5): every layer keeps an "
+     "indexer key cache (DeepseekV32IndexerCache) beside the MLA latent "
+     "(vllm/model_executor/models/deepseek_v2.py)"),
+)
+
+
+def _structure_facts(field, value, text):
+    """What this config itself says about the refused structure, for the message."""
+    if field == "block_configs" and isinstance(value, list):
+        no_attn = sum(1 for b in value if isinstance(b, dict) and isinstance(
+            b.get("attention"), dict) and b["attention"].get("no_op"))
+        return f"{len(value)} blocks, {no_attn} without attention"
+    if field == "hybrid_override_pattern" and isinstance(value, str):
+        return (f"{len(value)} layers: {value.count('M')} Mamba, {value.count('*')} "
+                "attention")
+    if isinstance(value, (list, dict)) or (isinstance(value, str) and len(value) > 40):
+        return f"{type(value).__name__} of {len(value)}"
+    return repr(value)
+
+
+def _refuse_unmodelled(text):
+    """UnsupportedModelError naming the field, if the config shows a structure the
+    tuner does not model; called before the model_type is looked at."""
+    layer_types = text.get("layer_types")
+    if isinstance(layer_types, list):
+        other = sorted({str(k) for k in layer_types} - {FULL_LAYER, SLIDING_LAYER})
+        if other:
+            counts = ", ".join(f"{layer_types.count(k)} x {k}" for k in other)
+            raise UnsupportedModelError(
+                f"layer_types has {counts} (e.g. Mamba or linear attention layers, "
+                "which keep a recurrent state per request, not a KV cache); gpufleet's "
+                "tuner models only full_attention and sliding_attention layers. Run "
+                "vLLM once with --kv-cache-memory-bytes and read its 'KV cache size' "
+                "line instead.")
+    for field, shows, what in UNMODELLED_STRUCTURES:
+        value = text.get(field)
+        if shows(value, text):
+            raise UnsupportedModelError(
+                f"{field} is set ({_structure_facts(field, value, text)}): {what}. "
+                "gpufleet's tuner does not model this, so it does not predict the KV "
+                "cache; run vLLM once with --kv-cache-memory-bytes and read its 'KV "
+                "cache size' line instead.")
 
 
 def _deepseek_v4_refusal(text):
@@ -296,6 +389,9 @@ def _layer_kinds(cfg, num_layers, model_type):
     layer_types = cfg.get("layer_types")
     window = cfg.get("sliding_window")
     if layer_types:
+        if not isinstance(layer_types, list):
+            raise ModelError(f"layer_types is {layer_types!r}; it must be a list with one "
+                             "entry per layer")
         if len(layer_types) != num_layers:
             raise ModelError(f"layer_types has {len(layer_types)} entries for "
                              f"{num_layers} layers")
@@ -303,15 +399,11 @@ def _layer_kinds(cfg, num_layers, model_type):
         for kind in layer_types:
             if kind == FULL_LAYER:
                 kinds.append("full")
-            elif kind == SLIDING_LAYER:
+            else:  # _refuse_unmodelled let only full and sliding layers through
                 if not window:
                     raise ModelError("layer_types has sliding_attention but "
                                      "sliding_window is not set")
                 kinds.append("sliding")
-            else:
-                raise UnsupportedModelError(
-                    f"layer type {kind!r} (e.g. Mamba or linear attention) is not modelled "
-                    "by gpufleet's tuner; only full_attention and sliding_attention are")
         return kinds
     # Qwen2-style configs carry sliding_window but switch it off (use_sliding_window
     # false); vLLM then treats every layer as full attention.
@@ -381,6 +473,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     if model_type == "deepseek_v4" or "DeepseekV4ForCausalLM" in architectures or \
             text.get("compress_ratios") is not None:
         raise UnsupportedModelError(_deepseek_v4_refusal(text))
+    _refuse_unmodelled(text)
+    text = dict(CONFIG_DEFAULTS.get(model_type, {}), **text)
 
     num_layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
     num_heads = _first(text, "num_attention_heads", "n_head")

@@ -1,0 +1,279 @@
+"""KV layout of more model families, each checked against its vLLM model file.
+
+Issue #14 item 5 (part). Every config here is the model's own published config.json
+(tests/fixtures/models/SOURCES.md). Each expected number was derived by hand from the
+vLLM file named in the test's comment, read in vLLM 0.33.0 (the PyPI wheel; its
+vllm/_version.py gives commit 4ba787ec9), together with:
+
+- vllm/engine/arg_utils.py (create_engine_config): CacheConfig.sliding_window is the
+  config's sliding_window only when layer_types is absent or all sliding_attention;
+  vllm/model_executor/layers/attention/attention.py: a layer built without
+  per_layer_sliding_window takes CacheConfig.sliding_window. So a config with a
+  sliding_window and no layer_types slides on every layer that does not pass its own.
+- the HF config class of transformers 5.20 (vLLM 0.33.0 requires >= 5.16.1, < 5.21),
+  whose defaults fill fields config.json leaves out.
+
+The tuner's bytes per token per layer are checked against 2 x kv_heads x head_size x
+element bytes (MHA/GQA) or (kv_lora_rank + qk_rope_head_dim) x element bytes (MLA),
+vllm/v1/kv_cache_interface.py.
+"""
+import json
+
+import pytest
+
+from conftest import FIXTURES
+from gpufleet import model as m
+from gpufleet import tune as t
+
+MODELS = FIXTURES / "models"
+
+
+def load(name):
+    return json.loads((MODELS / name / "config.json").read_text())
+
+
+def kinds(desc):
+    out = {}
+    for kind in desc["layer_kinds"]:
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+def check_kv_bytes(desc, layers, kv_heads, head_size):
+    """Per-token KV bytes at TP 1: 16-bit and fp8, per layer and for the model."""
+    for kv_dtype, width in (("auto", 2), ("fp8", 1)):
+        layout = t.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
+        assert layout["per_token_layer_bytes"] == 2 * kv_heads * head_size * width
+        assert layout["per_token_layer_bytes"] * layout["num_layers"] == \
+            2 * layers * kv_heads * head_size * width
+        assert layout["page_bytes"] == 16 * 2 * kv_heads * head_size * width
+
+
+# --- families the tuner now describes ----------------------------------------------
+
+def test_phi3_medium_slides_every_layer_by_its_sliding_window():
+    # vllm/model_executor/models/phi3.py: Phi3ForCausalLM is LlamaForCausalLM.
+    # llama.py LlamaDecoderLayer: num_kv_heads = num_key_value_heads (10);
+    # LlamaAttention: head_dim = config.head_dim or hidden_size // heads = 5120 // 40
+    # = 128; sliding only from layer_types, absent here (transformers' Phi3Config
+    # writes none), so every layer takes CacheConfig.sliding_window = 2047.
+    desc = m.describe_config(load("phi-3-medium-4k-instruct"), weights_bytes=1)
+    assert desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (40, 10, 128)
+    assert kinds(desc) == {"sliding": 40} and desc["sliding_window"] == 2047
+    assert desc["attention"] == "gqa-sliding"
+    check_kv_bytes(desc, 40, 10, 128)
+    # one group of 40 sliding layers: a request of 4,096 tokens holds
+    # ceil(min(2047 - 1 + 2048, 4096) / 16) + 1 = 257 blocks, not 256
+    layout = t.kv_layout(desc, tp=1, block_size=16)
+    assert layout["groups"] == ["sliding"]
+    assert t.max_concurrency(layout, 257, 4096, 2048) == 1.0
+
+
+def test_phi4_has_no_sliding_window():
+    # Same files as Phi-3 (phi3.py -> llama.py); sliding_window null: full attention.
+    # 5120 // 40 = 128, 10 KV heads, 40 layers.
+    desc = m.describe_config(load("phi-4"), weights_bytes=1)
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (40, 10, 128)
+    assert kinds(desc) == {"full": 40} and desc["attention"] == "gqa"
+    assert desc["max_position_embeddings"] == 16384
+    check_kv_bytes(desc, 40, 10, 128)
+
+
+def test_mistral_7b_v0_1_slides_every_layer():
+    # vllm/model_executor/models/mistral.py: MistralAttention is LlamaAttention
+    # (head_dim 4096 // 32 = 128, 8 KV heads); no layer_types, sliding_window 4096:
+    # every layer slides (CacheConfig.sliding_window).
+    desc = m.describe_config(load("mistral-7b-instruct-v0.1"), weights_bytes=1)
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (32, 8, 128)
+    assert kinds(desc) == {"sliding": 32} and desc["sliding_window"] == 4096
+    check_kv_bytes(desc, 32, 8, 128)
+
+
+def test_mistral_without_the_key_uses_transformers_default_window():
+    # transformers 5.20 MistralConfig: sliding_window defaults to 4096, so a config
+    # that leaves the key out slides; an explicit null (Mistral-7B v0.3) does not.
+    cfg = {k: v for k, v in load("mistral-7b-instruct-v0.1").items()
+           if k != "sliding_window"}
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert kinds(desc) == {"sliding": 32} and desc["sliding_window"] == 4096
+    desc = m.describe_config(dict(cfg, sliding_window=None), weights_bytes=1)
+    assert kinds(desc) == {"full": 32}
+
+
+def test_mixtral_8x7b_is_full_gqa_moe():
+    # vllm/model_executor/models/mixtral.py MixtralDecoderLayer: num_kv_heads =
+    # num_key_value_heads (8); MixtralAttention head_dim = head_dim or 4096 // 32 =
+    # 128; sliding_window null (MixtralConfig default None too).
+    desc = m.describe_config(load("mixtral-8x7b-v0.1"), weights_bytes=1)
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (32, 8, 128)
+    assert kinds(desc) == {"full": 32}
+    assert desc["moe"] == {"num_experts": 8, "experts_per_token": 2}
+    check_kv_bytes(desc, 32, 8, 128)
+
+
+def test_qwen3_30b_a3b_uses_its_head_dim_not_hidden_over_heads():
+    # vllm/model_executor/models/qwen3_moe.py Qwen3MoeDecoderLayer: head_dim =
+    # config.head_dim (128; hidden 2048 // 32 heads would be 64), num_kv_heads = 4;
+    # use_sliding_window false: transformers' Qwen3MoeConfig sets sliding_window None.
+    desc = m.describe_config(load("qwen3-30b-a3b"), weights_bytes=1)
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (48, 4, 128)
+    assert kinds(desc) == {"full": 48}
+    assert desc["moe"] == {"num_experts": 128, "experts_per_token": 8}
+    check_kv_bytes(desc, 48, 4, 128)
+
+
+def test_gpt_oss_20b_alternates_sliding_and_full_layers():
+    # vllm/model_executor/models/gpt_oss.py OAIAttention: head_dim = config.head_dim
+    # (64), num_key_value_heads 8, sliding_window 128 on even layers
+    # (layer_idx % 2 == 0), which is what the config's layer_types says: 12 + 12.
+    desc = m.describe_config(load("gpt-oss-20b"), weights_bytes=1)
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (24, 8, 64)
+    assert desc["layer_kinds"][:2] == ["sliding", "full"]
+    assert all(k == ("sliding" if i % 2 == 0 else "full")
+               for i, k in enumerate(desc["layer_kinds"]))
+    assert kinds(desc) == {"sliding": 12, "full": 12} and desc["sliding_window"] == 128
+    assert desc["quantization"]["method"] == "mxfp4"
+    check_kv_bytes(desc, 24, 8, 64)
+    layout = t.kv_layout(desc, tp=1, block_size=16)
+    assert layout["group_size"] == 12 and sorted(layout["groups"]) == ["full", "sliding"]
+
+
+def test_exaone4_32b_three_sliding_layers_to_one_full():
+    # vllm/model_executor/models/exaone4.py Exaone4Attention: head_dim = config.head_dim
+    # (128), num_kv_heads = num_key_value_heads (8), sliding when
+    # layer_types[i] == "sliding_attention" (LLLG: 48 sliding, 16 full, window 4096).
+    desc = m.describe_config(load("exaone-4.0-32b"), weights_bytes=1)
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (64, 8, 128)
+    assert desc["layer_kinds"][:4] == ["sliding", "sliding", "sliding", "full"]
+    assert kinds(desc) == {"sliding": 48, "full": 16} and desc["sliding_window"] == 4096
+    check_kv_bytes(desc, 64, 8, 128)
+    # _get_kv_cache_groups_uniform_page_size: 48 >= 1.5 x 16, so groups of 16 layers:
+    # 3 sliding groups and 1 full group share the pool.
+    layout = t.kv_layout(desc, tp=1, block_size=16)
+    assert layout["group_size"] == 16
+    assert sorted(layout["groups"]) == ["full", "sliding", "sliding", "sliding"]
+
+
+def test_olmo3_runs_on_the_transformers_backend_with_its_layer_types():
+    # registry.py: Olmo3ForCausalLM -> ("transformers", "TransformersForCausalLM").
+    # vllm/model_executor/models/transformers/base.py: head_size from
+    # model_arch_config (transformers_utils/model_arch_config_convertor.py
+    # get_head_size: no head_dim, 5120 // 40 = 128), num_kv_heads from the aliases
+    # (num_key_value_heads 8), per_layer_sliding_window where layer_types[i] is
+    # sliding_attention (48 of 64, window 4096).
+    desc = m.describe_config(load("olmo-3.1-32b-instruct"), weights_bytes=1)
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (64, 8, 128)
+    assert kinds(desc) == {"sliding": 48, "full": 16} and desc["sliding_window"] == 4096
+    check_kv_bytes(desc, 64, 8, 128)
+
+
+def test_minimax_m2_5_is_full_gqa_with_explicit_head_dim():
+    # vllm/model_executor/models/minimax_m2.py MiniMaxM2DecoderLayer: num_kv_heads =
+    # num_key_value_heads (8), head_dim = config.head_dim (128; 3072 // 48 would be
+    # 64); attn_window_size is not passed (None) and the config has no sliding_window.
+    desc = m.describe_config(load("minimax-m2.5"), weights_bytes=1)
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (62, 8, 128)
+    assert kinds(desc) == {"full": 62}
+    assert desc["quantization"]["method"] == "fp8"
+    check_kv_bytes(desc, 62, 8, 128)
+
+
+def test_kimi_k2_is_mla():
+    # transformers_utils/model_arch_config_convertor.py is_deepseek_mla: kimi_k2 with
+    # kv_lora_rank; transformers_utils/config.py maps kimi_k2 to DeepseekV3Config;
+    # registry.py: DeepseekV3ForCausalLM -> deepseek_v2.py. One latent of
+    # kv_lora_rank + qk_rope_head_dim = 512 + 64 per token per layer, not sharded.
+    desc = m.describe_config(load("kimi-k2-instruct"), weights_bytes=1)
+    assert desc["attention"] == "mla" and desc["num_layers"] == 61
+    assert (desc["kv_lora_rank"], desc["qk_rope_head_dim"]) == (512, 64)
+    for tp in (1, 8):
+        layout = t.kv_layout(desc, tp=tp, block_size=64)
+        assert layout["per_token_layer_bytes"] == (512 + 64) * 2
+    assert t.kv_layout(desc, 1, 64, kv_cache_dtype="fp8")["per_token_layer_bytes"] == 576
+
+
+def test_mimo_is_not_added_its_config_class_is_remote_code():
+    # model_type "mimo" has no config class in transformers 5.20 nor in vLLM 0.33.0
+    # (vllm/transformers_utils/configs): it is the checkpoint's own remote code, which
+    # was not read, so whether transformers drops its sliding_window
+    # (use_sliding_window false) is not checked. It stays outside the table.
+    cfg = load("mimo-7b-base")
+    with pytest.raises(m.ModelError, match="not in gpufleet's table"):
+        m.describe_config(cfg, weights_bytes=1)
+    assert m.describe_config(cfg, weights_bytes=1,
+                             allow_unknown_architecture=True)["known_architecture"] is False
+
+
+# --- structures refused by the fields that show them -------------------------------
+
+@pytest.mark.parametrize("fixture, field, facts", [
+    ("llama-4-scout-17b-16e-instruct", "attention_chunk_size", "8192"),
+    ("gemma-4-26b-a4b", "global_head_dim", "512"),
+    ("nemotron-h-56b-base-8k", "hybrid_override_pattern",
+     "118 layers: 54 Mamba, 10 attention"),
+    ("llama-3.3-nemotron-super-49b-v1", "block_configs", "80 blocks, 31 without attention"),
+    ("glm-5", "index_topk", "2048"),
+])
+def test_real_configs_refused_by_the_field_that_shows_the_structure(fixture, field, facts):
+    with pytest.raises(m.UnsupportedModelError) as err:
+        m.describe_config(load(fixture), weights_bytes=1)
+    assert str(err.value).startswith(f"{field} is set ({facts})")
+    assert "--kv-cache-memory-bytes" in str(err.value)
+    # the structure, not the name: allow_unknown_architecture does not lift it
+    with pytest.raises(m.UnsupportedModelError, match=field):
+        m.describe_config(load(fixture), weights_bytes=1, allow_unknown_architecture=True)
+
+
+def test_qwen3_5_linear_attention_layers_refused_from_layer_types():
+    # Qwen/Qwen3.5-27B: text_config.layer_types has 48 linear_attention (Gated
+    # DeltaNet) and 16 full_attention layers.
+    with pytest.raises(m.UnsupportedModelError, match="layer_types has 48 x "
+                       "linear_attention"):
+        m.describe_config(load("qwen3.5-27b"), weights_bytes=1)
+
+
+BASE = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "hidden_size": 512, "max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"attention_chunk_size": 8192}, "attention_chunk_size"),        # Llama 4
+    ({"num_kv_shared_layers": 2}, "num_kv_shared_layers"),           # Gemma 3n
+    ({"head_dim": 256, "global_head_dim": 512}, "global_head_dim"),  # Gemma 4
+    ({"num_global_key_value_heads": 1}, "num_global_key_value_heads"),  # Gemma 4
+    ({"full_attention_interval": 4}, "full_attention_interval"),     # Qwen3-Next
+    ({"hybrid_override_pattern": "M*MM"}, "hybrid_override_pattern"),  # Nemotron-H
+    ({"ssm_state_size": 128}, "ssm_state_size"),                     # Mamba2
+    ({"mamba_d_state": 16}, "mamba_d_state"),                        # Falcon-H1, Zamba2
+    ({"attn_layer_period": 8}, "attn_layer_period"),                 # Jamba
+    ({"block_configs": []}, "block_configs"),                        # DeciLM / NAS
+    ({"index_topk": 2048, "kv_lora_rank": 512}, "index_topk"),       # DeepSeek-V3.2
+])
+def test_each_unmodelled_structure_is_refused_naming_its_field(extra, field):
+    with pytest.raises(m.UnsupportedModelError) as err:
+        m.describe_config(dict(BASE, **extra), weights_bytes=1)
+    assert str(err.value).startswith(f"{field} is set")
+
+
+@pytest.mark.parametrize("extra", [
+    {"num_kv_shared_layers": 0},                        # Gemma 4 26B writes 0: no sharing
+    {"head_dim": 64, "global_head_dim": 64},            # same head size on every layer
+    {"num_global_key_value_heads": 2},                  # same KV heads on every layer
+    {"attention_chunk_size": None},
+])
+def test_fields_that_show_nothing_unusual_are_not_refused(extra):
+    desc = m.describe_config(dict(BASE, **extra), weights_bytes=1)
+    assert desc["num_kv_heads"] == 2
+
+
+def test_mamba_layer_types_are_refused_with_their_count():
+    cfg = dict(BASE, layer_types=["mamba", "full_attention", "mamba", "mamba"])
+    with pytest.raises(m.UnsupportedModelError, match="layer_types has 3 x mamba"):
+        m.describe_config(cfg, weights_bytes=1)
+
+
+def test_layer_types_must_be_a_list():
+    with pytest.raises(m.ModelError, match="must be a list"):
+        m.describe_config(dict(BASE, layer_types="full_attention"), weights_bytes=1)
