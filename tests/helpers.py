@@ -71,6 +71,16 @@ def sh(*args, check=True):
     return subprocess.run(args, capture_output=True, text=True, check=check)
 
 
+def docker_answers():
+    """True when a Docker engine answers here (`docker info`)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("docker"):
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+
+
 def debian_systemd_host(tmp_path_factory, prefix, playbook, extra_run_args=()):
     """Yield {"name", "work"}: a Debian 12 container running systemd (the offline base
     image) reached with the docker connection, and a work folder holding its inventory and
@@ -80,7 +90,7 @@ def debian_systemd_host(tmp_path_factory, prefix, playbook, extra_run_args=()):
 
     from conftest import ROOT
 
-    if sh("docker", "info", check=False).returncode != 0:
+    if not docker_answers():
         pytest.skip("docker engine not running (scripts/setup.sh starts it)")
     sh("bash", str(ROOT / "lab/apt/serve.sh"))
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"

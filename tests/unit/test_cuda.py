@@ -6,7 +6,6 @@ compatibility guide, the container toolkit's source, or a public field report.
 Image environments are real captures under tests/fixtures/images (see SOURCES.md).
 """
 import json
-import shutil
 import subprocess
 import uuid
 import xml.etree.ElementTree as ET
@@ -15,7 +14,7 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import cuda, gpu, hoststack
-from helpers import run_module
+from helpers import docker_answers, run_module
 
 import cuda_compat
 
@@ -678,14 +677,8 @@ def test_main_require_cuda_native(monkeypatch):
 # Real docker engine (slow): a tiny local image carrying NVIDIA_REQUIRE_CUDA
 # --------------------------------------------------------------------------------------
 
-def _docker_answers():
-    if not shutil.which("docker"):
-        return False
-    return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _docker_answers(), reason="no docker engine answers")
+@pytest.mark.skipif(not docker_answers(), reason="no docker engine answers")
 def test_module_reads_a_real_local_image(tmp_path, monkeypatch):
     base = "gpufleet/debian:12"
     if subprocess.run(["docker", "image", "inspect", base], capture_output=True).returncode:

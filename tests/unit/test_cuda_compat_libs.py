@@ -32,7 +32,7 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import cuda
-from helpers import run_module
+from helpers import docker_answers, run_module
 
 import cuda_compat
 
@@ -334,14 +334,8 @@ def test_module_require_cuda_assumes_base_image(monkeypatch):
     assert result["compat_libs"]["source"] == "assumed"
 
 
-def _docker_answers():
-    if not shutil.which("docker"):
-        return False
-    return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _docker_answers(), reason="no docker engine answers")
+@pytest.mark.skipif(not docker_answers(), reason="no docker engine answers")
 def test_module_reads_compat_libs_of_a_real_local_image(tmp_path, monkeypatch):
     # The layout of NVIDIA's images: /usr/local/cuda -> cuda-12.9, compat/libcuda.so.1 ->
     # libcuda.so.575.57.08 (here the truncated copy of NVIDIA's library [NOTE]).
