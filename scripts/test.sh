@@ -88,10 +88,9 @@ done
 stage "pytest: slow tests (docker, mirrors, vLLM, the whole lab)"
 # The rolling upgrades (b), (c), (e) and the no-op run (marker lab_upgrade) pass by hand
 # but would take CI past its 60 minutes on a 2-core machine (docs/upgrades.md, "Status");
-# (a) and (d) run here. Run them all with
+# the lab run, (a), (d) and playbooks/benchmark.yml on the same lab run here. Run them all
+# with
 #   GPUFLEET_KEEP_LAB=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
-# playbooks/benchmark.yml on the lab (marker lab_bench) is left out too: it would be a
-# second lab run; run it with .venv/bin/pytest -s -m slow tests/slow/test_benchmark.py
 # -s: the load totals (requests sent and failed) and the tuner's comparisons are printed.
-pytest -q -s --durations=40 -m "slow and not lab_upgrade and not lab_bench" tests
+pytest -q -s --durations=40 -m "slow and not lab_upgrade" tests
 stage "done"

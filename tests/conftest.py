@@ -45,3 +45,36 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = (f"slow test skipped under CI=true / GPUFLEET_NO_SKIP=1, which "
                            f"counts as a failure: {reason}")
+
+
+# One lab for the lab tests (tests/slow/test_upgrade_under_load.py, then
+# tests/slow/test_benchmark.py): `scripts/lab.sh run` once per pytest session (fixture
+# `lab`), the lab removed after the last test that uses it (GPUFLEET_KEEP_LAB=1 leaves it
+# up for a person, not in CI). Those tests run last, the upgrade file's first and in its
+# order (each case starts from the state the one before left), then the benchmark's: no
+# other test runs beside the lab on this small machine, and never two labs at once.
+LAB_FILES = ("test_upgrade_under_load.py", "test_benchmark.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LAB_FILES)}
+    order = sorted(range(len(items)), key=lambda i: (rank.get(items[i].path.name, -1), i))
+    items[:] = [items[i] for i in order]
+
+
+@pytest.fixture(scope="session")
+def lab():
+    import os
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from labrun import IMAGE, NEXT_IMAGE, sh
+
+    if sh("docker", "image", "inspect", IMAGE, check=False).returncode:
+        pytest.fail(f"needs {IMAGE} (scripts/lab.sh images builds it)")
+    run = sh("bash", "scripts/lab.sh", "run", check=False, timeout=2400, log="lab-run")
+    try:
+        yield {"rc": run.returncode, "output": run.stdout}
+    finally:
+        if not os.environ.get("GPUFLEET_KEEP_LAB"):
+            sh("docker", "rmi", NEXT_IMAGE, check=False)
+            sh("bash", "scripts/lab.sh", "down", check=False, timeout=900)

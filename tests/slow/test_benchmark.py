@@ -5,74 +5,33 @@ image (gpufleet/vllm-cpu:lab, vLLM 0.32 CPU) against lab-h200 and lab-a10g, the 
 Real software only: the lab (scripts/lab.sh run) with vLLM serving SmolLM2-135M-Instruct
 on CPU. Stand-ins, as the README says: the GPUs (a captured nvidia-smi XML behind a
 stand-in nvidia-smi that emulates only `-q -x`), so no utilisation can be sampled and the
-report must say so. Uses a lab already serving (GPUFLEET_KEEP_LAB=1 from another run, or
-a person's); otherwise brings one up with scripts/lab.sh run and removes it afterwards.
+report must say so. Runs on the session's lab (tests/conftest.py): in CI after the
+upgrade cases of test_upgrade_under_load.py (the knee facts it caches would otherwise feed
+their capacity gate); run alone, it brings a lab up and removes it afterwards:
   .venv/bin/pytest -s -m slow tests/slow/test_benchmark.py
 """
 import json
-import os
 import pathlib
-import subprocess
-import urllib.request
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# lab_bench: scripts/test.sh (so CI) leaves this file out: a lab run of its own and eight
-# vLLM bench clients on 2 cores would take CI past its 60 minutes (pytest.ini).
-pytestmark = [pytest.mark.slow, pytest.mark.lab_bench]
+sys.path.insert(0, str(ROOT / "tests"))
 
-INVENTORY = ROOT / "inventories/lab/hosts.yml"
-INSTANCES_FILE = ROOT / ".cache/lab/vllm-file_sd.json"
+from labrun import INVENTORY, key, sh  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
 CHAT = {"lab-h200:18000", "lab-a10g:18200"}
 PNG = b"\x89PNG\r\n\x1a\n"
 LAB = {"fleet_benchmark_preset": "lab", "fleet_benchmark_min_prompts": 10,
        "fleet_benchmark_point_timeout": 600}
 
 
-def sh(*args, check=True, timeout=1800, env=None):
-    proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          cwd=ROOT, timeout=timeout, env=dict(os.environ, **(env or {})))
-    if check and proc.returncode:
-        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-8000:]}")
-    return proc
-
-
-def serving():
-    if not INSTANCES_FILE.is_file():
-        return False
-    for port in (18000, 18200):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
-                if resp.status != 200:
-                    return False
-        except OSError:
-            return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def lab():
-    if sh("docker", "image", "inspect", "gpufleet/vllm-cpu:lab", check=False).returncode:
-        pytest.fail("needs gpufleet/vllm-cpu:lab (scripts/lab.sh images builds it)")
-    started = False
-    if not serving():
-        run = sh("bash", "scripts/lab.sh", "run", check=False, timeout=2400)
-        assert run.returncode == 0, run.stdout[-5000:]
-        started = True
-    try:
-        yield
-    finally:
-        if started and not os.environ.get("GPUFLEET_KEEP_LAB"):
-            sh("bash", "scripts/lab.sh", "down", check=False, timeout=900)
-
-
-def key():
-    return (ROOT / ".cache/lab/api-key").read_text().strip()
-
-
 @pytest.fixture(scope="module")
 def run(lab, tmp_path_factory):
+    assert lab["rc"] == 0, lab["output"][-3000:]
     out = tmp_path_factory.mktemp("benchmarks")
     proc = sh(str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY),
               "playbooks/benchmark.yml", "-e", json.dumps(dict(LAB, fleet_benchmark_output_dir=str(out))),

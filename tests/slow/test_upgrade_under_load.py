@@ -11,20 +11,20 @@ finished choice and generated tokens). Each case prints its totals. The control 
 the same load straight to one instance while site.yml replaces it (what happened before
 the gateway): it must see failures, so the zero of the other cases can fail.
 
-The cases run in order on one lab (each starts from the state the previous left); the
-lab is removed at the end. scripts/test.sh (so CI) runs the lab run, its second run, check
-mode, the site.yml refusal, the control case, (a) the settings change and (d) the bad
-canary. The other rollouts (marker lab_upgrade: b, e, the no-op, c) pass by hand here
-(docs/upgrades.md, "Status"); each takes about 7 minutes on this 2-core machine, more
-than CI's 60 minutes leave. Run them all in one go (a case picked alone finds the state
-the lab run left, not the one the case before it left):
+The cases run in order on one lab (each starts from the state the previous left), the
+session's lab of tests/conftest.py (one `scripts/lab.sh run`, removed after the last lab
+test; test_benchmark.py runs on it after this file). scripts/test.sh (so CI) runs the lab
+run, its second run, check mode, the site.yml refusal, the control case, (a) the settings
+change and (d) the bad canary. The other rollouts (marker lab_upgrade: b, e, the no-op, c)
+pass by hand here (docs/upgrades.md, "Status"); each takes about 7 minutes on this 2-core
+machine, more than CI's 60 minutes leave. Run them all in one go (a case picked alone finds
+the state the lab run left, not the one the case before it left):
   GPUFLEET_KEEP_LAB=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
 """
 import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import urllib.parse
 import urllib.request
@@ -34,15 +34,14 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from labrun import INVENTORY, NEXT_IMAGE, key, sh  # noqa: E402
 from load.loadgen import Load  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-INVENTORY = ROOT / "inventories/lab/hosts.yml"
 CHAT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GATEWAY = "http://127.0.0.1:19000"
 DIRECT = "http://127.0.0.1:18000"  # lab-h200's own port: the path before the gateway
-NEXT_IMAGE = "gpufleet/vllm-cpu:lab-next"  # next_image()
 CHAT_CONTAINERS = {"lab-h200": f"vllm-lab-h200-{CHAT.lower().replace('/', '-')}",
                    "lab-a10g": f"vllm-lab-a10g-{CHAT.lower().replace('/', '-')}"}
 # Quick gates for the test (the defaults are longer): 3 probe requests, 10 s soak.
@@ -56,27 +55,6 @@ def chat_models(max_model_len=2048, extra_args=("--enforce-eager",)):
              "extra_args": list(extra_args)}]
 
 
-def sh(*args, check=True, timeout=1800, env=None, log=None):
-    """Run a command, stderr into stdout in the order they were written (a failure's tail
-    is the end of the run, not the warnings a tool printed on stderr at its start). With
-    `log` (a name), the output is written to .cache/test-logs/<log>.log while it runs, for
-    a person following a long playbook run (.cache is not in git)."""
-    kw = dict(stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=timeout,
-              env=dict(os.environ, **(env or {})))
-    if log:
-        path = LOGS / f"{log}.log"
-        LOGS.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as out:
-            proc = subprocess.run(args, stdout=out, **kw)
-        proc.stdout = path.read_text()
-    else:
-        proc = subprocess.run(args, stdout=subprocess.PIPE, **kw)
-    if check and proc.returncode:
-        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-8000:]}")
-    return proc
-
-
-LOGS = ROOT / ".cache/test-logs"
 OVERLAY = ROOT / "inventories/lab/.test-overlay.yml"  # gitignored; removed after each run
 CHAT_HOSTS = tuple(CHAT_CONTAINERS)
 
@@ -123,10 +101,6 @@ def inspect(name):
             "hash": data["Config"]["Labels"].get("org.gpufleet.settings-hash")}
 
 
-def key():
-    return (ROOT / ".cache/lab/api-key").read_text().strip()
-
-
 def under_load(url, action, **load_kw):
     """Run action() while the load generator sends requests to url; print the totals."""
     # Two clients, each one request after another with a 1 s pause (about 1.5 requests a
@@ -142,21 +116,6 @@ def under_load(url, action, **load_kw):
           f"(ok {totals['ok']}, {totals['seconds']} s, p50 {totals['p50_s']} s, "
           f"max {totals['max_s']} s); first failures: {totals['failures'][:3]}")
     return result, totals
-
-
-@pytest.fixture(scope="module")
-def lab():
-    if sh("docker", "image", "inspect", "gpufleet/vllm-cpu:lab", check=False).returncode:
-        pytest.fail("needs gpufleet/vllm-cpu:lab (scripts/lab.sh images builds it)")
-    run = sh("bash", "scripts/lab.sh", "run", check=False, timeout=2400, log="lab-run")
-    output = run.stdout
-    try:
-        yield {"rc": run.returncode, "output": output}
-    finally:
-        # GPUFLEET_KEEP_LAB=1 leaves the lab up for a person to look at (not in CI).
-        if not os.environ.get("GPUFLEET_KEEP_LAB"):
-            sh("docker", "rmi", NEXT_IMAGE, check=False)
-            sh("bash", "scripts/lab.sh", "down", check=False, timeout=900)
 
 
 def failures(out):
@@ -301,11 +260,6 @@ def test_b_an_image_change_drops_no_request(lab):
     assert all(state["image"] == new_id for state in after.values())
 
 
-# Out of CI again (lab_upgrade): in the clean-clone CI run of 2026-12-02 the rollback failed
-# at model_fetch: it pins the recorded commit, and the lab's site mirror (nginx, static)
-# answered 404 RevisionNotFound for /api/models/<repo>/revision/<sha>. A real bug of the
-# rollback against a mirror that serves only main; see the issue note.
-@pytest.mark.lab_upgrade
 def test_d_bad_args_on_the_canary_roll_back_by_themselves(lab):
     """A tokenizer path that does not exist passes argparse (the argument check) but kills
     vLLM at start: the canary's readiness gate fails, it is rolled back and re-enabled,
