@@ -395,3 +395,79 @@ def test_lab_preset_fits_a_1k_model():
 def test_matrix_refuses_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         b.matrix_points(**kwargs)
+
+
+# ---------------------------------------------------------------------------
+# Recorded lab runs (tests/fixtures/bench/SOURCES.md): real `vllm bench serve` results
+# ---------------------------------------------------------------------------
+
+LAB = FIXTURES / "bench" / "lab-2026-12-02"
+
+
+def lab_files(part):
+    return sorted((LAB / part).rglob("*.json"))
+
+
+def _little_cliffs(raws, p99_jump=2.0):
+    """The p99 jump rule worked out here from the raw files, concurrency ascending: the
+    first (concurrency, metric) whose p99 grew more than p99_jump x what the growth of
+    concurrency over request throughput explains (completed / duration)."""
+    raws = sorted(raws, key=lambda r: r["max_concurrency"])
+    found = []
+    for prev, now in zip(raws, raws[1:]):
+        rps_prev = prev["completed"] / prev["duration"]
+        rps_now = now["completed"] / now["duration"]
+        explained = max(1.0, now["max_concurrency"] / prev["max_concurrency"] * rps_prev / rps_now)
+        for metric in ("ttft", "e2el"):
+            if now[f"p99_{metric}_ms"] / prev[f"p99_{metric}_ms"] > p99_jump * explained:
+                found.append((now["max_concurrency"], f"p99_{metric}_jump"))
+    return found
+
+
+@pytest.mark.parametrize("path", lab_files("preset") + lab_files("curve"),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_recorded_lab_point_reads_as_vllm_wrote_it(path):
+    raw = json.loads(path.read_text())
+    row = b.point_from_result(path)
+    c, inp, out = (int(x[1:]) for x in path.stem.replace("in", "i").replace("out", "o").split("-"))
+    assert (row["concurrency"], row["input_len"], row["output_len"]) == (c, inp, out)
+    assert row["instance"] == raw["instance"] and row["instance"].startswith("lab-")
+    assert row["status"] == "ok" and row["completed"] == raw["num_prompts"] and row["failed"] == 0
+    assert row["request_throughput"] == pytest.approx(raw["completed"] / raw["duration"])
+    assert row["output_throughput"] == pytest.approx(raw["total_output_tokens"] / raw["duration"])
+    assert row["p99_ttft_ms"] == raw["p99_ttft_ms"] > raw["p50_ttft_ms"] > 0
+
+
+def test_recorded_lab_preset_two_points_per_pair_have_no_knee():
+    """The lab preset (c = 1, 2 by (32, 16) and (64, 16), both chat instances) as the CI
+    test runs it: 4 groups of 2 points, too few for kneed; the cliffs are the p99 rule's."""
+    rows = [b.point_from_result(p) for p in lab_files("preset")]
+    groups = b.analyse(rows)
+    assert sorted((g["instance"], g["input_len"]) for g in groups) == [
+        (i, n) for i in ("lab-a10g:18200", "lab-h200:18000") for n in (32, 64)]
+    for g in groups:
+        assert g["knee"] is None and "only 2 measured point(s)" in g["why_no_knee"]
+        raws = [json.loads(p.read_text()) for p in lab_files("preset")
+                if json.loads(p.read_text())["instance"] == g["instance"]
+                and f"-in{g['input_len']}-" in p.name]
+        assert [(f["concurrency"], f["rule"]) for f in g["findings"]] == _little_cliffs(raws)
+
+
+def test_recorded_lab_curve_lab_h200_c1_to_16():
+    """SmolLM2-135M float32 on vLLM 0.32 CPU, lab-h200, (32, 16), c = 1..16: throughput still
+    grows at 16 (12.1 -> 55.6 tok/s), so kneed finds no bend; the p99 TTFT rule finds the
+    cliff where the figures put it (worked out above from the raw files alone)."""
+    from kneed import KneeLocator
+
+    raws = sorted((json.loads(p.read_text()) for p in lab_files("curve")),
+                  key=lambda r: r["max_concurrency"])
+    cs = [r["max_concurrency"] for r in raws]
+    tput = [r["total_output_tokens"] / r["duration"] for r in raws]
+    assert cs == [1, 2, 4, 8, 16] and tput == sorted(tput)
+    assert KneeLocator(cs, tput, curve="concave", direction="increasing").knee is None
+    group = one([b.point_from_result(p) for p in lab_files("curve")])
+    assert group["knee"] is None and "on 5 points found none" in group["why_no_knee"]
+    expected = _little_cliffs(raws)
+    assert expected, "the recorded curve has a p99 jump (the control of this test)"
+    assert [(f["concurrency"], f["rule"]) for f in group["findings"]] == expected
+    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == expected[0]
