@@ -71,11 +71,14 @@ molecule_test() {
   { rc=0; "${MOLECULE:-molecule}" test -s "$scenario" 2>&1 || rc=$?; echo "$rc" > "$out.rc"; } | tee "$out"
   rc=$(cat "$out.rc"); rm -f "$out.rc"
   if ((rc != 0)); then rm -f "$out"; die "molecule test -s $scenario failed (exit $rc)"; fi
-  if ! sed 's/\x1b\[[0-9;]*m//g' "$out" | grep -q "Molecule executed 1 scenario (1 successful)"; then
+  # the colour codes are stripped into a file first: `sed | grep -q` under pipefail fails
+  # at random (grep -q exits at the match, sed's last write then dies of SIGPIPE)
+  sed 's/\x1b\[[0-9;]*m//g' "$out" > "$out.plain"
+  if ! grep -q "Molecule executed 1 scenario (1 successful)" "$out.plain"; then
     local summary
-    summary=$(sed 's/\x1b\[[0-9;]*m//g' "$out" | grep "Molecule executed" | tail -n1 || true)
-    rm -f "$out"
+    summary=$(grep "Molecule executed" "$out.plain" | tail -n1 || true)
+    rm -f "$out" "$out.plain"
     die "molecule test -s $scenario did not run every step: ${summary:-no Molecule summary printed}"
   fi
-  rm -f "$out"
+  rm -f "$out" "$out.plain"
 }

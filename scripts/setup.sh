@@ -17,7 +17,7 @@ APT_PACKAGES=(docker.io debootstrap apt-utils dpkg-dev git git-lfs nginx-light p
 setup_apt() {
   local missing=()
   for p in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == *"install ok installed"* ]] || missing+=("$p")
   done
   if ((${#missing[@]})); then
     log "apt: installing ${missing[*]}"

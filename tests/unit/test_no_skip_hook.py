@@ -88,6 +88,20 @@ def test_molecule_test_fails_when_a_scenario_is_skipped(tmp_path, summary, ok):
         assert proc.returncode == 1 and "did not run every step" in proc.stderr
 
 
+def test_molecule_test_passes_a_success_followed_by_much_output(tmp_path):
+    """Molecule prints its DETAILS and SCENARIO RECAP after the summary line. CI once
+    failed a successful scenario here: `sed | grep -q` under pipefail, where grep -q
+    left at the match and sed died of SIGPIPE on its next write. 2 MB after the match
+    makes that certain, not a race."""
+    fake = tmp_path / "molecule"
+    fake.write_text("#!/bin/sh\necho 'INFO     Molecule executed 1 scenario (1 successful)'\n"
+                    "head -c 2000000 /dev/zero | tr '\\0' x | fold -w 100\nexit 0\n")
+    fake.chmod(0o755)
+    proc = subprocess.run(["bash", "-c", f"set -euo pipefail; . scripts/lib.sh; MOLECULE={fake} molecule_test demo > /dev/null; echo RAN-ON"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "RAN-ON" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_molecule_test_fails_when_molecule_fails(tmp_path):
     fake = tmp_path / "molecule"
     fake.write_text("#!/bin/sh\necho 'Molecule executed 1 scenario (1 successful)'\nexit 3\n")
