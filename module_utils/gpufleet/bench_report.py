@@ -126,12 +126,10 @@ def plot_files(instance, groups):
                            marker="o", label=_pair(group))[0]
             cliff = group["cliff"]
             if cliff:
+                # named in the legend: a text beside the line hid under the legend box
                 ax.axvline(cliff["concurrency"], color=line.get_color(), linestyle="--",
-                           alpha=0.8)
-                ax.annotate(f"cliff c={cliff['concurrency']} ({cliff['rule']})",
-                            (cliff["concurrency"], ax.get_ylim()[1] if ok else 0),
-                            textcoords="offset points", xytext=(3, -12), fontsize=7,
-                            color=line.get_color())
+                           alpha=0.8, label=f"cliff c={cliff['concurrency']} "
+                                            f"({cliff['rule']}), {_pair(group)}")
             _failed_marks(ax, group["rows"], "concurrency")
         ax.set_xscale("log", base=2)
         _ticks(ax, [r["concurrency"] for g in groups for r in g["rows"]])

@@ -402,6 +402,7 @@ def test_matrix_refuses_bad_input(kwargs, message):
 # ---------------------------------------------------------------------------
 
 LAB = FIXTURES / "bench" / "lab-2026-12-02"
+LAB_KNEE = FIXTURES / "bench" / "lab-2026-12-03" / "curve"
 
 
 def lab_files(part):
@@ -424,8 +425,9 @@ def _little_cliffs(raws, p99_jump=2.0):
     return found
 
 
-@pytest.mark.parametrize("path", lab_files("preset") + lab_files("curve"),
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", lab_files("preset") + lab_files("curve")
+                         + sorted(LAB_KNEE.glob("*.json")),
+                         ids=lambda p: f"{p.parents[1].name}/{p.parent.name}/{p.name}")
 def test_recorded_lab_point_reads_as_vllm_wrote_it(path):
     raw = json.loads(path.read_text())
     row = b.point_from_result(path)
@@ -469,5 +471,28 @@ def test_recorded_lab_curve_lab_h200_c1_to_16():
     assert group["knee"] is None and "on 5 points found none" in group["why_no_knee"]
     expected = _little_cliffs(raws)
     assert expected, "the recorded curve has a p99 jump (the control of this test)"
+    assert [(f["concurrency"], f["rule"]) for f in group["findings"]] == expected
+    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == expected[0]
+
+
+def test_recorded_lab_curve_lab_h200_c1_to_64_has_its_knee_at_16():
+    """The same instance and pair a day later, c = 1..64 (10 to 640 prompts): throughput
+    grows x1.22 from 8 to 16 (57.1 -> 69.7 tok/s), then x1.02 to 32 and x1.13 more for
+    twice that again (80.4 at 64): the knee is at 16, where kneed puts it on the raw
+    figures alone; the cliff is still the p99 TTFT rule's first firing."""
+    from kneed import KneeLocator
+
+    raws = sorted((json.loads(p.read_text()) for p in LAB_KNEE.glob("*.json")),
+                  key=lambda r: r["max_concurrency"])
+    cs = [r["max_concurrency"] for r in raws]
+    tput = [r["total_output_tokens"] / r["duration"] for r in raws]
+    assert cs == [1, 2, 4, 8, 16, 32, 64] and tput == sorted(tput)
+    knee = KneeLocator(cs, tput, curve="concave", direction="increasing").knee
+    assert knee == 16
+    group = one([b.point_from_result(p) for p in LAB_KNEE.glob("*.json")])
+    assert group["knee"]["concurrency"] == knee and group["knee"]["rule"] == "kneed_concave_increasing"
+    assert "69.7 tok/s there, 80.4 tok/s at concurrency 64" in group["knee"]["detail"]
+    expected = _little_cliffs(raws)
+    assert expected and expected[0] == (2, "p99_ttft_jump")
     assert [(f["concurrency"], f["rule"]) for f in group["findings"]] == expected
     assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == expected[0]
