@@ -130,6 +130,19 @@ options:
         and emit that flag in RV(args).
     type: bool
     default: false
+  block_size:
+    description:
+      - C(--block-size). Left out, gpufleet keeps vLLM's choice for the model. Only
+        DeepSeek-V4 takes it, and only 256 (its sparse MLA and indexer kernels take
+        256-token blocks; vLLM refuses 128), which is also what gpufleet picks and
+        writes out for it.
+    type: int
+  expert_parallel:
+    description:
+      - Emit C(--enable-expert-parallel). Left out, it is on for DeepSeek-V4 on more
+        than one GPU and off otherwise. It changes neither the weight bytes nor the
+        KV cache per GPU.
+    type: bool
   extra_args:
     description:
       - More C(vllm serve) arguments, appended; flags renamed between vLLM versions are
@@ -159,6 +172,13 @@ EXAMPLES = r"""
     allow_fp8: true
   register: plan
 
+- name: Plan DeepSeek-V4-Pro on 8 B200 GPUs (TP 8, expert parallel, fp8, block 256)
+  vllm_tune:
+    model_path: /srv/models/DeepSeek-V4-Pro
+    gpus: "{{ ansible_facts.gpu.devices }}"
+    kv_cache_dtype: fp8
+    block_size: 256
+
 - name: Plan an embedding model for the vLLM CPU backend
   vllm_tune:
     model_path: /srv/models/all-MiniLM-L6-v2
@@ -181,6 +201,7 @@ settings:
       C(max_num_seqs), C(max_num_batched_tokens), C(kv_cache_dtype), C(dtype),
       C(block_size), C(gpu_memory_utilization), C(kv_cache_memory_bytes), C(runner),
       C(convert), C(enable_prefix_caching), C(enable_chunked_prefill), C(enforce_eager),
+      C(enable_expert_parallel),
       C(docker) (for example C(ipc_mode=host) when tensor parallel) and C(env).
   returned: success
   type: dict
@@ -191,6 +212,9 @@ prediction:
       C(kv_cache_tokens) (as vLLM 0.32 logs "KV cache size", which is max_concurrency
       times max_model_len, not num_blocks times block_size), C(max_concurrency) at
       C(max_model_len), C(max_model_len_that_fits).
+    - For DeepSeek-V4 also C(kv_cache_groups) (each KV cache group's kind, block size,
+      window, layers and bytes per block), C(bytes_per_block), C(blocks_per_request)
+      and C(fixed_blocks_per_request) (the part that does not grow with context).
   returned: success
   type: dict
 reasons:
@@ -248,6 +272,8 @@ def main():
             allow_long_context=dict(type="bool", default=False),
             overhead_bytes=dict(type="int"),
             enforce_eager=dict(type="bool", default=False),
+            block_size=dict(type="int"),
+            expert_parallel=dict(type="bool"),
             extra_args=dict(type="list", elements="str", default=[]),
         ),
         required_one_of=[("model_path", "model_config")],
@@ -296,7 +322,8 @@ def main():
             vllm_version=p["vllm_version"], extra_args=p["extra_args"],
             tensor_parallel_size=p["tensor_parallel_size"], dtype=p["dtype"],
             allow_long_context=p["allow_long_context"],
-            overhead_bytes=p["overhead_bytes"], enforce_eager=p["enforce_eager"])
+            overhead_bytes=p["overhead_bytes"], enforce_eager=p["enforce_eager"],
+            block_size=p["block_size"], expert_parallel=p["expert_parallel"])
     except NoFitError as exc:
         module.fail_json(msg=str(exc), changed=False, model=model_summary(model),
                          **exc.result)

@@ -1,5 +1,6 @@
 """Helpers for tests of module main() functions (ansible-core 2.19)."""
 import json
+import pathlib
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
@@ -108,3 +109,90 @@ def debian_systemd_host(tmp_path_factory, prefix, playbook, extra_run_args=()):
         yield {"name": name, "work": work}
     finally:
         sh("docker", "rm", "-f", name, check=False)
+
+
+# ---------------------------------------------------------------------------
+# DeepSeek-V4: the tuner against vLLM's own KV cache planning
+# ---------------------------------------------------------------------------
+# The phrase of vLLM's own error the tuner's refusal must repeat, per kind of refusal
+# (tests/differential/deepseek_v4_vllm.py records vLLM's messages).
+DEEPSEEK_V4_REFUSALS = (
+    ("No common block size for", "No common block size for {block_size}"),
+    ("only supports fp8 kv-cache", "only supports fp8 kv-cache"),
+)
+
+
+def deepseek_v4_vs_vllm(recorded):
+    """Compare gpufleet.tune with the JSON tests/differential/deepseek_v4_vllm.py
+    printed. Returns (compared, refused, differences): numbers compared for equality,
+    combinations both refused for the same reason, and one line per mismatch."""
+    import re
+
+    from gpufleet import model as m
+    from gpufleet import tune as t
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    mnbt = recorded["max_num_batched_tokens"]
+    compared, refused, diffs = 0, 0, []
+    for key, entry in recorded["models"].items():
+        cfg = json.loads((root / entry["config"]).read_text())
+        desc = m.describe_config(cfg, weights_bytes=1)
+        limit = t.model_max_len(desc)
+        if limit != entry["derived_max_model_len"]:
+            diffs.append(f"{key}: max_model_len from config {limit} != vLLM's "
+                         f"{entry['derived_max_model_len']}")
+        for case in entry["cases"]:
+            where = (f"{key} tp={case['tp']} block={case['block_size']} "
+                     f"kv={case['kv_cache_dtype']} len={case['max_model_len']}")
+            error = case.get("error", "")
+            try:
+                layout = t.kv_layout(desc, case["tp"], case["block_size"],
+                                     case["kv_cache_dtype"], max_num_batched_tokens=mnbt)
+            except t.TuneError as exc:
+                phrase = next((ours.format(**case) for theirs, ours in
+                               DEEPSEEK_V4_REFUSALS if theirs in error), None)
+                if "bytes_per_block" in case or phrase is None:
+                    diffs.append(f"{where}: the tuner refuses ({exc}), vLLM does not")
+                elif phrase not in str(exc):
+                    diffs.append(f"{where}: the tuner refuses with {exc!r}, not with "
+                                 f"vLLM's reason {error!r}")
+                else:
+                    refused += 1
+                continue
+            if "bytes_per_block" not in case:
+                diffs.append(f"{where}: vLLM refuses ({error}), the tuner does not")
+                continue
+            avail, length = case["available_bytes"], case["max_model_len"]
+            num_blocks, _ = t.kv_tokens_from_bytes(layout, avail)
+            ours = {"bytes_per_block": layout["bytes_per_block"],
+                    "estimated_max_model_len": t.max_fitting_len(layout, avail, limit, mnbt),
+                    "groups": [(g["layers"], g["block_size"], g["page_bytes"])
+                               for g in layout["v4_groups"]]}
+            theirs = {"bytes_per_block": case["bytes_per_block"],
+                      "estimated_max_model_len": case["estimated_max_model_len"],
+                      "groups": [(g["layers"], g["block_size"], g["page_bytes"])
+                                 for g in case["groups"]]}
+            if "num_blocks" in case:
+                concurrency = t.max_concurrency(layout, num_blocks, length, mnbt)
+                ours.update(num_blocks=num_blocks, max_concurrency=concurrency,
+                            kv_cache_size_tokens=t.kv_cache_size_tokens(concurrency, length),
+                            blocks_per_request=t._blocks_per_request(layout, length, mnbt))
+                theirs.update({k: case[k] for k in ("num_blocks", "max_concurrency",
+                                                    "kv_cache_size_tokens",
+                                                    "blocks_per_request")})
+            else:
+                # vLLM: "... the estimated maximum model length is N. ..."
+                found = re.search(r"estimated maximum model length is (\d+)", error)
+                if "To serve at least one request" not in error or not found:
+                    diffs.append(f"{where}: unexpected vLLM error {error!r}")
+                    continue
+                ours["fits"] = t.max_fitting_len(layout, avail, length, mnbt) >= length
+                theirs["fits"] = False
+                ours["estimate_in_error"] = t.max_fitting_len(layout, avail, length, mnbt)
+                theirs["estimate_in_error"] = int(found.group(1))
+            for name in theirs:
+                compared += 1
+                if ours[name] != theirs[name]:
+                    diffs.append(f"{where}: {name} tuner {ours[name]!r} != vLLM "
+                                 f"{theirs[name]!r}")
+    return compared, refused, diffs

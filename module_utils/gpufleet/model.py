@@ -15,6 +15,8 @@ import json
 import os
 import struct
 
+from . import deepseek_v4
+
 __all__ = [
     "ModelError",
     "UnsupportedModelError",
@@ -58,6 +60,9 @@ KNOWN_MODEL_TYPES = {
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
     "deepseek_v2", "deepseek_v3", "gpt_oss", "gemma2", "gemma3_text",
     "phi3", "exaone4", "olmo3", "minimax_m2", "kimi_k2",
+    # DeepSeek-V4 (issue #14 item 6): its own layout, gpufleet.deepseek_v4, checked
+    # against vLLM 0.32.0's kv_cache_utils (tests/slow/test_deepseek_v4_vs_vllm.py).
+    "deepseek_v4",
 } | ENCODER_ONLY_MODEL_TYPES
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:
@@ -75,27 +80,12 @@ REQUIRED_FIELDS = ("architectures or model_type", "num_hidden_layers",
                    "num_attention_heads", "hidden_size (or head_dim)",
                    "max_position_embeddings")
 
-# DeepSeek-V4: what vLLM does, and why gpufleet refuses to predict it (docs/tuning.md).
-DEEPSEEK_V4_MISSING = (
-    "vLLM keeps, per layer kind, a compressed main KV (c4a 1/4, c128a 1/128), a c4a "
-    "indexer cache, a compressor state cache and a sliding-window cache, in fp8_ds_mla "
-    "entries of 584 bytes (448 fp8 NoPE + 64 bf16 RoPE + 7 scale bytes + 1 pad) with "
-    "block size 256 (64 for the window and the 1/4 layers' rows), 576-byte page "
-    "alignment and 132-byte indexer entries (vllm/model_executor/layers/"
-    "deepseek_v4_attention.py, deepseek_compressor.py). Not modelled: how vLLM's hybrid "
-    "KV cache manager fits these specs of different page and block sizes into one block "
-    "pool and which group's tokens its 'KV cache size' line counts; no vLLM run on "
-    "DeepSeek-V4 was possible to check a prediction, and a token count without one "
-    "would be a guess. Run vLLM once with --kv-cache-memory-bytes and read its "
-    "'KV cache size: N tokens' line instead."
-)
-
-
 # Structures whose KV cache (or recurrent state) vLLM builds in a way the tuner does
 # not model, each recognised by the config field that shows it, whatever the
 # model_type: (field, does this value show the structure, what vLLM does with it).
 # Read in vLLM 0.33.0 (commit 4ba787ec9). `layer_types` entries other than
-# full/sliding attention and DeepSeek-V4's `compress_ratios` are checked beside these.
+# full/sliding attention are checked beside these. A DeepSeek-V4 config's own fields
+# (index_topk, compress_ratios) are checked by gpufleet.deepseek_v4 instead.
 UNMODELLED_STRUCTURES = (
     ("attention_chunk_size", lambda v, text: v is not None,
      "chunked local attention (Llama 4): the RoPE layers are ChunkedLocalAttention "
@@ -175,24 +165,6 @@ def _refuse_unmodelled(text):
                 "gpufleet's tuner does not model this, so it does not predict the KV "
                 "cache; run vLLM once with --kv-cache-memory-bytes and read its 'KV "
                 "cache size' line instead.")
-
-
-def _deepseek_v4_refusal(text):
-    """The refusal for a DeepSeek-V4 config, with what this config itself says."""
-    ratios = text.get("compress_ratios")
-    layers = text.get("num_hidden_layers")
-    facts = []
-    if isinstance(ratios, list) and isinstance(layers, int) and layers > 0:
-        per_layer = ratios[:layers]
-        facts.append(f"{layers} layers: {sum(1 for r in per_layer if r in (0, 1))} with "
-                     f"the sliding window only, {per_layer.count(4)} compressed 1/4, "
-                     f"{per_layer.count(128)} compressed 1/128")
-    for key in ("sliding_window", "index_head_dim", "index_n_heads", "head_dim"):
-        if text.get(key) is not None:
-            facts.append(f"{key} {text[key]}")
-    found = f" This config: {'; '.join(facts)}." if facts else ""
-    return ("DeepSeek-V4 (model_type deepseek_v4) is not modelled." + found + " "
-            + DEEPSEEK_V4_MISSING)
 
 
 def _first(cfg, *keys):
@@ -470,10 +442,20 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     if not architectures and not model_type:
         raise ModelError("config.json names neither architectures nor model_type; the "
                          "tuner needs: " + ", ".join(REQUIRED_FIELDS))
-    if model_type == "deepseek_v4" or "DeepseekV4ForCausalLM" in architectures or \
+    v4 = None
+    if model_type.startswith("deepseek_v4") or any(
+            a.startswith("DeepseekV4") for a in architectures) or \
             text.get("compress_ratios") is not None:
-        raise UnsupportedModelError(_deepseek_v4_refusal(text))
-    _refuse_unmodelled(text)
+        try:
+            v4 = deepseek_v4.describe_fields(text, architectures)
+        except deepseek_v4.DeepseekV4Error as exc:
+            raise UnsupportedModelError(
+                f"{source}: DeepSeek-V4 config not modelled: {exc}. Run vLLM once with "
+                "--kv-cache-memory-bytes and read its 'KV cache size' line "
+                "instead.") from None
+        _refuse_unmodelled({k: v for k, v in text.items() if k != "index_topk"})
+    else:
+        _refuse_unmodelled(text)
     text = dict(CONFIG_DEFAULTS.get(model_type, {}), **text)
 
     num_layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
@@ -534,7 +516,12 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     st_files = bool(sentence_transformers)
     kind, native_pooling = _pooling_kind(architectures, model_type, st_files)
     encoder_only = model_type in ENCODER_ONLY_MODEL_TYPES
-    if text.get("kv_lora_rank") is not None:
+    if v4 is not None:
+        # Every layer keeps a sliding-window cache; 1/4 and 1/128 layers also a
+        # compressed one (gpufleet.deepseek_v4).
+        attention = "deepseek_v4"
+        layer_kinds = ["sliding" if r == 1 else f"c{r}a" for r in v4["compress_ratios"]]
+    elif text.get("kv_lora_rank") is not None:
         attention = "mla"
         layer_kinds = ["full"] * num_layers
     elif encoder_only:
@@ -573,7 +560,7 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "num_kv_heads": kv_heads,
         "head_size": head_size,
         "layer_kinds": layer_kinds,
-        "sliding_window": window if "sliding" in layer_kinds else None,
+        "sliding_window": window if "sliding" in layer_kinds or v4 else None,
         "kv_lora_rank": text.get("kv_lora_rank"),
         "qk_rope_head_dim": text.get("qk_rope_head_dim"),
         "hidden_size": hidden,
@@ -587,6 +574,7 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
                 "experts_per_token": text.get("num_experts_per_tok")}
         if num_experts else None,
         "quantization": _quantization(cfg, source),
+        "deepseek_v4": v4,
         "weights_bytes": weights_bytes,
         "weights_source": weights_source,
         "weights_dtype": weights_dtype,

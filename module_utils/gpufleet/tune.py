@@ -16,6 +16,7 @@ vllm/v1/worker/gpu_worker.py):
 - Blocks, tokens and concurrency: vllm/v1/core/kv_cache_utils.py (get_num_blocks:
   available // page_size // num_layers; _get_kv_cache_groups_uniform_page_size for
   hybrid grouping; get_max_concurrency_for_kv_cache_config; estimate_max_model_len;
+  DeepSeek-V4's packed groups: gpufleet.deepseek_v4, read in vLLM 0.32.0;
   get_kv_cache_capacity: the logged "KV cache size" is int(max_concurrency *
   max_model_len) in vLLM 0.32.0, which is not num_blocks * block_size when
   max_model_len is not a multiple of the block size: measured, docs/lab-vllm.md).
@@ -29,6 +30,7 @@ from __future__ import annotations
 import math
 import re
 
+from . import deepseek_v4
 from .arch import ARCHITECTURES, ArchError, architecture, parse_compute_capability
 
 __all__ = [
@@ -174,18 +176,29 @@ def _kv_element_bytes(kv_cache_dtype, dtype_bytes):
     return KV_DTYPE_BYTES[kv_cache_dtype] or dtype_bytes
 
 
-def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2):
+def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
+              max_num_batched_tokens=DEFAULTS_BIG[0]):
     """How vLLM lays out this model's KV cache on one GPU.
 
     Returns {"per_token_layer_bytes", "page_bytes", "group_size", "groups",
-    "block_size", "sliding_window", "num_layers"}; `groups` lists one attention kind
-    ("full" / "sliding") per KV cache group. An encoder-only model has no groups.
+    "bytes_per_block", "block_size", "sliding_window", "num_layers"}; `groups` lists
+    one attention kind ("full" / "sliding") per KV cache group, `bytes_per_block` is
+    what one block of the shared pool takes. An encoder-only model has no groups.
+    DeepSeek-V4 (gpufleet.deepseek_v4) adds "v4_groups" (each group's block size,
+    window and bytes), "in_flight_tokens" (which its sliding groups reserve, from
+    max_num_batched_tokens) and "reserve_null_block".
     """
     num_layers = model["num_layers"]
     if model["attention"] == "encoder_only":
         return {"per_token_layer_bytes": 0, "page_bytes": 0, "group_size": 0,
-                "groups": [], "block_size": block_size, "sliding_window": None,
-                "num_layers": num_layers}
+                "groups": [], "bytes_per_block": 0, "block_size": block_size,
+                "sliding_window": None, "num_layers": num_layers}
+    if model["attention"] == "deepseek_v4":
+        try:
+            return deepseek_v4.kv_layout(model, block_size, kv_cache_dtype,
+                                         max_num_batched_tokens)
+        except deepseek_v4.DeepseekV4Error as exc:
+            raise TuneError(str(exc)) from None
     if model["attention"] == "mla":
         # MLAAttentionSpec: one latent (kv_lora_rank + qk_rope_head_dim) per token per
         # layer, num_kv_heads 1, not sharded by tensor parallelism.
@@ -216,13 +229,17 @@ def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2):
         for kind, count in counts.items():
             groups += [kind] * math.ceil(count / group_size)
     return {"per_token_layer_bytes": per_token, "page_bytes": per_token * block_size,
-            "group_size": group_size, "groups": groups, "block_size": block_size,
-            "sliding_window": model.get("sliding_window"), "num_layers": num_layers}
+            "group_size": group_size, "groups": groups,
+            "bytes_per_block": per_token * block_size * group_size,
+            "block_size": block_size, "sliding_window": model.get("sliding_window"),
+            "num_layers": num_layers}
 
 
 def _blocks_per_request(layout, model_len, max_num_batched_tokens):
     """Blocks one request of model_len tokens holds, summed over groups
     (FullAttentionSpec / SlidingWindowSpec.max_memory_usage_bytes)."""
+    if "v4_groups" in layout:
+        return deepseek_v4.blocks_per_request(layout, model_len)
     bs = layout["block_size"]
     total = 0
     for kind in layout["groups"]:
@@ -242,7 +259,10 @@ def kv_tokens_from_bytes(layout, kv_cache_bytes):
     A model without KV cache groups (encoder-only) has no blocks: (0, None)."""
     if not layout["groups"]:
         return 0, None
-    num_blocks = max(0, int(kv_cache_bytes) // layout["page_bytes"] // layout["group_size"])
+    num_blocks = max(0, int(kv_cache_bytes) // layout["bytes_per_block"])
+    if "v4_groups" in layout:
+        # Groups of different block sizes share the pool: no single slot count.
+        return num_blocks, None
     tokens = num_blocks // len(layout["groups"]) * layout["block_size"]
     return num_blocks, tokens
 
@@ -269,6 +289,10 @@ def max_fitting_len(layout, kv_cache_bytes, limit, max_num_batched_tokens, reque
     if not layout["groups"]:
         return limit
     num_blocks, _ = kv_tokens_from_bytes(layout, kv_cache_bytes)
+    if layout.get("reserve_null_block"):
+        # get_kv_cache_configs plans against the memory left after the null block the
+        # BlockPool holds back.
+        num_blocks -= 1
 
     def fits(length):
         return requests * _blocks_per_request(layout, length, max_num_batched_tokens) \
@@ -343,7 +367,7 @@ def tp_problem(model, tp):
     if heads % tp:
         return (f"attention heads ({heads}) are not divisible by tensor parallel size "
                 f"{tp}")
-    if model["attention"] in ("mla", "encoder_only"):
+    if model["attention"] in ("mla", "encoder_only", "deepseek_v4"):
         return None
     kv = model["num_kv_heads"]
     if tp < kv and kv % tp:
@@ -480,6 +504,20 @@ def _kv_dtype(requested, allow_fp8, cc, version, cpu, reasons):
         reasons.append("kv_cache_dtype auto: the KV cache uses the model dtype "
                        "(allow_fp8 is off).")
     return "auto"
+
+
+def _v4_kv_dtype(requested, reasons):
+    """DeepSeek-V4's FlashMLA path stores fp8_ds_mla whether --kv-cache-dtype is auto
+    or fp8 (_resolve_dsv4_kv_cache_dtype); gpufleet writes fp8 out."""
+    requested = requested or "auto"
+    try:
+        deepseek_v4.resolve_kv_cache_dtype(requested)
+    except deepseek_v4.DeepseekV4Error as exc:
+        raise TuneError(str(exc)) from None
+    reasons.append(f"kv_cache_dtype fp8 ({requested} requested): vLLM stores DeepSeek-V4's "
+                   "KV cache as fp8_ds_mla either way (584-byte entries: 448 fp8 NoPE, "
+                   "64 bf16 RoPE, 8 scale bytes), so gpufleet writes --kv-cache-dtype fp8.")
+    return "fp8"
 
 
 def _check_quantization(model, cc, reasons):
@@ -637,8 +675,38 @@ def _check_options(model, devices, max_model_len, target_concurrency,
             "requests": int(target_concurrency) if target_concurrency else 1}
 
 
-def _hardware(devices, model, reasons):
+def _v4_hardware(devices, block_size, reasons):
+    """DeepSeek-V4 is modelled on the CUDA path vLLM takes by default on SM 9.x/10.x
+    (FlashMLA, gpufleet.deepseek_v4) at block size 256."""
+    if not devices:
+        raise TuneError("DeepSeek-V4 on vLLM's CPU backend is not modelled (it builds "
+                        "its own specs, vllm/models/deepseek_v4/cpu); give the GPUs")
+    cc = min(d["cc"] for d in devices)
+    if cc[0] not in deepseek_v4.FLASHMLA_MAJORS:
+        raise TuneError(
+            f"DeepSeek-V4 on compute capability {cc[0]}.{cc[1]} is not modelled: vLLM "
+            "runs it with FlashMLA on SM 9.x and 10.x (Hopper, Blackwell B200/B300) and "
+            "picks another backend elsewhere (_select_dsv4_attn_cls)")
+    block_size = deepseek_v4.KERNEL_BLOCK_SIZE if block_size is None else block_size
+    try:
+        deepseek_v4.check_block_size(block_size)
+    except deepseek_v4.DeepseekV4Error as exc:
+        raise TuneError(str(exc)) from None
+    reasons.append(f"block size {block_size}: DeepSeek-V4's sparse MLA and indexer "
+                   "kernels take 256-token blocks (vLLM picks 256 itself; gpufleet "
+                   "writes --block-size 256 out). The sliding-window caches keep "
+                   "64-token blocks and the compressor states 4 or 8 whatever it says.")
+    return block_size
+
+
+def _hardware(devices, model, reasons, block_size=None):
     """The GPU the plan is for (the weakest when they differ), or the CPU backend."""
+    v4_block = (_v4_hardware(devices, block_size, reasons)
+                if model["attention"] == "deepseek_v4" else None)
+    if block_size is not None and v4_block is None:
+        raise TuneError("block_size is chosen by gpufleet for this model (vLLM's "
+                        "backends pick it); the option applies to DeepSeek-V4, which "
+                        "takes 256")
     if not devices:
         reasons.append(f"target cpu: no GPUs given; vLLM's CPU backend, block size "
                        f"{CPU_BLOCK_SIZE}, KV budget from kv_cache_memory_bytes.")
@@ -649,7 +717,7 @@ def _hardware(devices, model, reasons):
     if len({(d["cc"], d["memory_bytes"]) for d in devices}) > 1:
         reasons.append("GPUs differ: planned for the smallest memory and lowest compute "
                        "capability among them.")
-    block_size = GPU_BLOCK_SIZE
+    block_size = v4_block or GPU_BLOCK_SIZE
     if model["attention"] == "mla" and cc[0] in MLA_BLOCK_SIZE:
         block_size = MLA_BLOCK_SIZE[cc[0]]
         reasons.append(f"block size {block_size}: vLLM's MLA backend for compute "
@@ -672,7 +740,8 @@ def _served_weights(model, act_bytes, reasons):
 def _evaluate(ctx, tp):
     """KV budget and the longest fitting context for one TP size."""
     model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
-    layout = kv_layout(model, tp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"])
+    layout = kv_layout(model, tp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
+                       ctx["mnbt"])
     weights_per_gpu = ctx["weights"] // tp
     target_len = opts["wanted_len"] or opts["limit"]
     batched = max(ctx["mnbt"], target_len) if ctx["pooling"] else ctx["mnbt"]
@@ -774,6 +843,17 @@ def _explain_fit(ctx, chosen, final_len, reasons):
         reasons.append("KV cache: none; an encoder-only model keeps no KV cache "
                        "(vLLM EncoderOnlyAttentionSpec), so context and concurrency are "
                        "bounded by compute, not memory.")
+    elif "v4_groups" in layout:
+        groups = layout["v4_groups"]
+        fixed = deepseek_v4.fixed_blocks_per_request(layout)
+        reasons.append(
+            f"KV cache: DeepSeek-V4, {layout['num_specs']} caches in {len(groups)} groups "
+            f"packed into blocks of {layout['bytes_per_block']:,} bytes (the widest "
+            "group); the compressed (c4a, c128a) and indexer caches grow one block per "
+            f"{layout['block_size']} tokens, while the sliding-window and compressor-"
+            f"state groups hold {fixed:,} blocks per request whatever its length "
+            f"(window + {layout['in_flight_tokens']:,} in-flight tokens: 2 x "
+            "max_num_batched_tokens with async scheduling).")
     elif len(set(layout["groups"])) > 1:
         reasons.append(f"KV cache: hybrid; {layout['groups'].count('sliding')} "
                        f"sliding-window and {layout['groups'].count('full')} full-attention "
@@ -808,7 +888,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
          gpu_memory_utilization=None, kv_cache_dtype="auto", allow_fp8=False,
          kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
          tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
-         overhead_bytes=None, enforce_eager=False):
+         overhead_bytes=None, enforce_eager=False, block_size=None, expert_parallel=None):
     """Choose vLLM settings for `model` on `gpus`; see the module docstring.
 
     Returns {"args", "settings", "prediction", "reasons"}. Raises TuneError for bad
@@ -820,17 +900,22 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     if overhead_bytes is not None:
         overhead_bytes = _int_option(overhead_bytes, "overhead_bytes", minimum=0,
                                      text=" (bytes per GPU)")
+    if block_size is not None:
+        block_size = _int_option(block_size, "block_size")
     devices = _check_gpus(gpus or [])
     opts = _check_options(model, devices, max_model_len, target_concurrency,
                           gpu_memory_utilization, kv_cache_memory_bytes, vllm_version,
                           allow_long_context)
     settings = {"target": "gpu" if devices else "cpu", "vllm_version": str(vllm_version)}
-    hw = _hardware(devices, model, reasons)
+    hw = _hardware(devices, model, reasons, block_size)
     if not hw["cpu"]:
         _check_quantization(model, hw["cc"], reasons)
     dtype_name, act_bytes = _served_dtype(model, hw["cc"], dtype, reasons, hw["cpu"])
-    kv_dtype = _kv_dtype(kv_cache_dtype, allow_fp8, hw["cc"], vllm_version, hw["cpu"],
-                         reasons)
+    if model["attention"] == "deepseek_v4":
+        kv_dtype = _v4_kv_dtype(kv_cache_dtype, reasons)
+    else:
+        kv_dtype = _kv_dtype(kv_cache_dtype, allow_fp8, hw["cc"], vllm_version,
+                             hw["cpu"], reasons)
     default_mnbt, default_seqs = hw["defaults"]
     max_num_seqs = int(target_concurrency) if target_concurrency else default_seqs
     ctx = {"model": model, "hw": hw, "opts": opts, "kv_dtype": kv_dtype,
@@ -855,6 +940,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
                        f"of {final_len:,} tokens fit at once.")
     runner, convert = _runner(model, ctx["pooling"], vllm_version, reasons)
     docker = {}
+    ep = _expert_parallel(model, tp, expert_parallel, reasons)
     if tp > 1:
         docker = {"ipc_mode": "host"}
         reasons.append(f"docker ipc_mode host: tensor parallelism over {tp} GPUs shares "
@@ -872,7 +958,8 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         "kv_cache_memory_bytes": opts["kv_cache_memory_bytes"], "runner": runner,
         "convert": convert, "enable_prefix_caching": not ctx["pooling"],
         "enable_chunked_prefill": not ctx["pooling"], "enforce_eager": bool(enforce_eager),
-        "docker": docker, "env": env,
+        "docker": docker, "env": env, "enable_expert_parallel": ep,
+        "emit_block_size": model["attention"] == "deepseek_v4",
     })
     result = ctx["result"]
     result["prediction"] = {
@@ -886,8 +973,39 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         "max_concurrency": round(concurrency, 2) if concurrency is not None else None,
         "max_model_len_that_fits": chosen["fit_len"],
     }
+    if "v4_groups" in layout:
+        result["prediction"].update({
+            "kv_cache_groups": layout["v4_groups"],
+            "bytes_per_block": layout["bytes_per_block"],
+            "blocks_per_request": _blocks_per_request(layout, final_len, ctx["mnbt"]),
+            "fixed_blocks_per_request": deepseek_v4.fixed_blocks_per_request(layout),
+        })
     result["args"] = _args(settings, vllm_version, list(extra_args or []), reasons)
     return result
+
+
+def _expert_parallel(model, tp, requested, reasons):
+    """--enable-expert-parallel: on by default for DeepSeek-V4 across GPUs (whole
+    experts per rank instead of slices of every expert; the KV cache and the weight
+    bytes per GPU are the same either way)."""
+    if requested is not None:
+        if requested and not model.get("moe"):
+            raise TuneError("expert_parallel needs a mixture-of-experts model; this one "
+                            "has no routed experts in config.json")
+        if requested and tp == 1:
+            raise TuneError("expert_parallel needs more than one GPU (tensor_parallel_size "
+                            "> 1)")
+        if requested:
+            reasons.append(f"enable_expert_parallel: set by the user; the experts are "
+                           f"spread over the {tp} GPUs.")
+        return bool(requested)
+    if model["attention"] == "deepseek_v4" and model.get("moe") and tp > 1:
+        experts = model["moe"]["num_experts"]
+        reasons.append(f"enable_expert_parallel: DeepSeek-V4's {experts} routed experts "
+                       f"are placed whole, {experts // tp} per GPU, instead of each being "
+                       f"cut in {tp}; weight bytes and KV cache per GPU are the same.")
+        return True
+    return False
 
 
 def _gib(value):
@@ -908,6 +1026,10 @@ def _args(settings, version, extra_args, reasons):
              "--max-num-seqs", str(settings["max_num_seqs"]),
              "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]),
              "--dtype", settings["dtype"]]
+    if settings.get("emit_block_size"):
+        args += ["--block-size", str(settings["block_size"])]
+    if settings.get("enable_expert_parallel"):
+        args.append("--enable-expert-parallel")
     if settings["kv_cache_memory_bytes"] is not None:
         args += ["--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"])]
     elif settings["gpu_memory_utilization"] is not None:
