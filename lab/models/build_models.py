@@ -36,6 +36,7 @@ WHEELS = CACHE / "wheels"
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 TINY = "gpufleet/tiny-llama"
+TINY_GEMMA3 = "gpufleet/tiny-gemma3"
 
 
 class BuildError(RuntimeError):
@@ -193,14 +194,11 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-def build_tiny(out: pathlib.Path) -> None:
-    """A tiny random Llama for fast tests: 2 layers, hidden 64, 4 heads (2 KV heads) of
-    head_dim 32 (explicit: vLLM's CPU attention supports head sizes 32, 64, 80, ... only,
-    vllm/v1/attention/backends/cpu_attn.py, so hidden/heads = 16 would not run), a
-    512-token byte-level BPE tokenizer trained here, seed 0."""
-    import torch
+def _tiny_tokenizer():
+    """The tiny models' tokenizer: a 512-token byte-level BPE trained on TINY_CORPUS,
+    with TINY_CHAT_TEMPLATE; the same on every machine."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -209,16 +207,27 @@ def build_tiny(out: pathlib.Path) -> None:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     bpe.train_from_iterator(TINY_CORPUS.splitlines(), trainer=trainer)
-    bos, eos = bpe.token_to_id("<s>"), bpe.token_to_id("</s>")
+    bos = bpe.token_to_id("<s>")
     bpe.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
-                                  unk_token="<unk>", pad_token="<pad>",
-                                  model_max_length=2048, chat_template=TINY_CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", pad_token="<pad>",
+                                   model_max_length=2048, chat_template=TINY_CHAT_TEMPLATE)
 
+
+def build_tiny(out: pathlib.Path) -> None:
+    """A tiny random Llama for fast tests: 2 layers, hidden 64, 4 heads (2 KV heads) of
+    head_dim 32 (explicit: vLLM's CPU attention supports head sizes 32, 64, 80, ... only,
+    vllm/v1/attention/backends/cpu_attn.py, so hidden/heads = 16 would not run), a
+    512-token byte-level BPE tokenizer trained here, seed 0."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tok = _tiny_tokenizer()
+    bos, eos = tok.bos_token_id, tok.eos_token_id
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=bpe.get_vocab_size(), hidden_size=64, intermediate_size=128,
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         max_position_embeddings=2048, bos_token_id=bos, eos_token_id=eos,
         pad_token_id=tok.pad_token_id, tie_word_embeddings=False, dtype="bfloat16",
@@ -230,7 +239,37 @@ def build_tiny(out: pathlib.Path) -> None:
     tok.save_pretrained(out)
 
 
-RECIPES = {SMOLLM2: build_smollm2, MINILM: build_minilm, TINY: build_tiny}
+def build_tiny_gemma3(out: pathlib.Path) -> None:
+    """A tiny random Gemma 3 text model (model_type gemma3_text, Gemma3ForCausalLM) for
+    the hybrid KV cache: 6 layers interleaved as Gemma 3 does, 5 sliding-window layers
+    (window 512) then 1 full-attention layer (config.json layer_types), hidden 64,
+    4 heads (1 KV head) of head_dim 32 (vLLM's CPU attention sizes), context 8192,
+    the tiny models' tokenizer, seed 0. vLLM gives the sliding layers SlidingWindowSpec
+    and groups the layers into 6 KV cache groups of one layer sharing one block pool
+    (vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size)."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig
+
+    tok = _tiny_tokenizer()
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+        query_pre_attn_scalar=32, sliding_window=512,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        max_position_embeddings=8192, bos_token_id=bos, eos_token_id=eos,
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=True, dtype="bfloat16",
+    )
+    model = Gemma3ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos,
+                                               pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+RECIPES = {SMOLLM2: build_smollm2, MINILM: build_minilm, TINY: build_tiny,
+           TINY_GEMMA3: build_tiny_gemma3}
 
 
 # --------------------------------------------------------------------------- driver
