@@ -57,8 +57,8 @@ options:
     description:
       - The matrix when O(concurrency) or O(pairs) is empty - C(default)
         (gpufleet.bench DEFAULT_CONCURRENCY 1-64, DEFAULT_PAIRS (1000, 512), (10000, 512),
-        (100000, 512), (1000, 128), (50, 20)) or C(lab) (LAB_CONCURRENCY 1, 2 and LAB_PAIRS
-        (32, 16), (64, 16), for the lab's small model on CPU).
+        (100000, 512), (1000, 128), (50, 20)) or C(lab) (LAB_CONCURRENCY 1, 4, 16, 32 and
+        LAB_PAIRS (32, 16), for the lab's small model on CPU).
     type: str
     choices: [default, lab]
     default: default

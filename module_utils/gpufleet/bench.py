@@ -116,9 +116,12 @@ class BenchError(ValueError):
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_PAIRS = ((1000, 512), (10000, 512), (100000, 512), (1000, 128), (50, 20))
-# The lab's small model (max_model_len 1024-2048) on CPU or a small GPU.
-LAB_CONCURRENCY = (1, 2)
-LAB_PAIRS = ((32, 16), (64, 16))
+# The lab's small model (max_model_len 1024-2048) on CPU or a small GPU: four levels, as
+# few as show the knee the 7-level curve of 2026-12-03 has at 16 (docs/benchmark.md), on
+# one short pair (580 prompts per instance with the default minimum of 50 per point: the
+# lab's two chat instances one after the other in 6 min 51 s on 2 CPU cores, 2026-12-03).
+LAB_CONCURRENCY = (1, 4, 16, 32)
+LAB_PAIRS = ((32, 16),)
 # fleet_benchmark_preset: the matrix a run uses unless the role's variables name one.
 PRESETS = {"default": {"concurrency": DEFAULT_CONCURRENCY, "pairs": DEFAULT_PAIRS},
            "lab": {"concurrency": LAB_CONCURRENCY, "pairs": LAB_PAIRS}}

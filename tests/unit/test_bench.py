@@ -384,6 +384,15 @@ def test_lab_preset_fits_a_1k_model():
     assert m["notes"] == [] and len(m["points"]) == 4
 
 
+def test_lab_preset_shows_the_recorded_knee():
+    """The lab preset's levels, taken from the recorded 7-level lab curve, keep its knee:
+    enough levels for kneed, and the bend at the same concurrency (16)."""
+    rows = [b.point_from_result(p) for p in LAB_KNEE.glob("*.json")]
+    subset = [r for r in rows if r["concurrency"] in b.LAB_CONCURRENCY]
+    assert len(subset) == len(b.LAB_CONCURRENCY) >= 3
+    assert one(subset)["knee"]["concurrency"] == one(rows)["knee"]["concurrency"] == 16
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"concurrency": [0]}, "concurrency level"),
     ({"concurrency": []}, "no concurrency levels"),
