@@ -28,8 +28,9 @@ embedding model (all-MiniLM-L6-v2, pooling runner) must start healthy from the
 module's args and answer one /v1/embeddings request.
 
 Containers are named tunecheck-* and started one at a time, removed whatever happens;
-every wait is bounded. Seven starts of 35-120 s each on 2 shared cores (about
-10-14 minutes under load).
+every wait is bounded. Seven starts: 28-33 s each, 3.5 minutes for the file, on 2 cores
+otherwise idle (2026-12-03; the two tiny-gemma3 cases add 57 s); 35-120 s each when the
+cores are shared with a running lab.
 """
 import pathlib
 import subprocess
