@@ -178,7 +178,7 @@ log_tail:
   returned: when a point was run
   type: str
 gpu:
-  description: C(sampled), C(source), C(reason) and per GPU C(util_mean), C(util_max), C(fb_max_mib), C(power_mean_w).
+  description: C(sampled), C(source), C(reason) and per GPU C(util_mean), C(util_max), C(mem_util_mean), C(mem_util_max) (memory bandwidth, as NVML's memory utilisation or dmon's C(mem) column give it), C(fb_max_mib), C(power_mean_w).
   returned: when a point was run
   type: dict
 seconds:

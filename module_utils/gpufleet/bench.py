@@ -755,8 +755,10 @@ def parse_dmon(text):
 
 def summarise_gpu_samples(samples, source=None, reason=None):
     """{"sampled", "source", "reason", "devices": [{index, samples, util_mean, util_max,
-    fb_max_mib, power_mean_w}]} from raw samples; sampled is false (with the reason)
-    when there are none."""
+    mem_util_mean, mem_util_max, fb_max_mib, power_mean_w}]} from raw samples; sampled is
+    false (with the reason) when there are none. mem_util is NVML's memory utilisation
+    (dmon's `mem` column): the share of the sample period device memory was being read
+    or written, the memory-bandwidth figure NVML and dmon give."""
     by_index = {}
     for sample in samples or []:
         by_index.setdefault(int(sample["index"]), []).append(sample)
@@ -773,6 +775,9 @@ def summarise_gpu_samples(samples, source=None, reason=None):
         devices.append({"index": index, "samples": len(rows),
                         "util_mean": stat([r.get("util") for r in rows], lambda v: sum(v) / len(v)),
                         "util_max": stat([r.get("util") for r in rows], max),
+                        "mem_util_mean": stat([r.get("mem_util") for r in rows],
+                                              lambda v: sum(v) / len(v)),
+                        "mem_util_max": stat([r.get("mem_util") for r in rows], max),
                         "fb_max_mib": stat([r.get("fb_mib") for r in rows], max),
                         "power_mean_w": stat([r.get("power_w") for r in rows],
                                              lambda v: sum(v) / len(v))})

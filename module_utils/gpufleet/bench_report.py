@@ -274,6 +274,8 @@ def _gpu_cell(gpu):
     if not gpu or not gpu.get("sampled"):
         return _e((gpu or {}).get("reason") or "no GPU on this host: no utilisation sampled")
     return "; ".join(f"GPU{d['index']}: util {d['util_mean']}% mean / {d['util_max']}% max, "
+                     f"memory bandwidth {d.get('mem_util_mean')}% mean / "
+                     f"{d.get('mem_util_max')}% max, "
                      f"{d['fb_max_mib']} MiB, {d['power_mean_w']} W" for d in gpu["devices"])
 
 

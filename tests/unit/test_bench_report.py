@@ -41,6 +41,7 @@ def ok_point(instance, host, c, tput, input_len, **kw):
             "row": b.point_from_result(data), "error": None, "log_tail": "",
             "gpu": {"sampled": True, "source": "nvml", "reason": None,
                     "devices": [{"index": 0, "samples": 5, "util_mean": 50.0, "util_max": 90.0,
+                                 "mem_util_mean": 35.0, "mem_util_max": 61.0,
                                  "fb_max_mib": 70000.0, "power_mean_w": 400.0}]},
             "command": ["bench", "serve"]}
 
@@ -131,6 +132,7 @@ def test_html_is_self_contained_with_the_table_and_images(report):
     assert "runner pooling" in html
     assert "no GPU on this host: no utilisation sampled" in html
     assert "util 50.0% mean" in html
+    assert "memory bandwidth 35.0% mean / 61.0% max" in html
     assert "kneed_concave_increasing" in html and "p99_ttft_jump" in html
 
 

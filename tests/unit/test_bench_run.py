@@ -123,13 +123,13 @@ def test_parse_dmon_and_summary():
             "# Idx      W      C      C      %      %      %      %      %      %     MB     MB\n"
             "    0     70     35      -     10      3      0      0      0      0  40000      2\n"
             "    1     90     36      -      -      3      0      0      0      0  41000      2\n"
-            "    0     80     35      -     30      3      0      0      0      0  42000      2\n")
+            "    0     80     35      -     30      9      0      0      0      0  42000      2\n")
     samples = b.parse_dmon(text)
     assert len(samples) == 3 and samples[1]["util"] is None
     summary = b.summarise_gpu_samples(samples, "nvidia-smi dmon")
     assert summary["sampled"] and summary["devices"][0] == {
-        "index": 0, "samples": 2, "util_mean": 20.0, "util_max": 30.0, "fb_max_mib": 42000.0,
-        "power_mean_w": 75.0}
+        "index": 0, "samples": 2, "util_mean": 20.0, "util_max": 30.0, "mem_util_mean": 6.0,
+        "mem_util_max": 9.0, "fb_max_mib": 42000.0, "power_mean_w": 75.0}
     none = b.summarise_gpu_samples([])
     assert not none["sampled"] and none["reason"] == "no GPU on this host: no utilisation sampled"
 
