@@ -147,7 +147,8 @@ def deepseek_v4_vs_vllm(recorded):
             error = case.get("error", "")
             try:
                 layout = t.kv_layout(desc, case["tp"], case["block_size"],
-                                     case["kv_cache_dtype"], max_num_batched_tokens=mnbt)
+                                     case["kv_cache_dtype"],
+                                     async_sched=recorded["async_scheduling"])
             except t.TuneError as exc:
                 phrase = next((ours.format(**case) for theirs, ours in
                                DEEPSEEK_V4_REFUSALS if theirs in error), None)

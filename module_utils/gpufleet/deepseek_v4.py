@@ -34,7 +34,9 @@ these files (paths under vllm/):
   (the null block), get_max_concurrency_for_kv_cache_config, get_kv_cache_capacity,
   _estimate_max_model_len_from_groups.
 - config/vllm.py max_in_flight_tokens: 2 x max_num_batched_tokens with async
-  scheduling, vLLM's default for a generative model on a GPU.
+  scheduling, vLLM's default for a generative model on a GPU. The rule is shared
+  with every family that has sliding-window layers: gpufleet.tune.in_flight_tokens
+  works the number out and hands it to blocks_per_request here.
 
 tests/differential/deepseek_v4_vllm.py runs those functions in the image;
 tests/slow/test_deepseek_v4_vs_vllm.py and tests/unit/test_deepseek_v4.py require
@@ -71,8 +73,6 @@ RATIOS = (0, 1, 4, 128)   # 0 and 1: sliding window only; CompressorStateCache a
 # Compute capability majors whose default DeepSeek-V4 attention is FlashMLA
 # (_select_dsv4_attn_cls; DeepseekV4SparseMLABackend.supports_compute_capability).
 FLASHMLA_MAJORS = (9, 10)
-# config/vllm.py max_concurrent_batches: 2 with async scheduling (pipeline size 1).
-IN_FLIGHT_BATCHES = 2
 VLLM_VERSION = "0.32.0"
 
 
@@ -235,7 +235,7 @@ def _groups(specs):
     return groups
 
 
-def kv_layout(model, block_size, kv_cache_dtype="auto", max_num_batched_tokens=8192):
+def kv_layout(model, block_size, kv_cache_dtype="auto"):
     """The KV cache layout vLLM builds for one GPU (tensor parallelism does not
     shard it: every spec has max_tp_shards 1).
 
@@ -262,29 +262,27 @@ def kv_layout(model, block_size, kv_cache_dtype="auto", max_num_batched_tokens=8
             "groups": [g["kind"] for g in groups], "v4_groups": groups,
             "bytes_per_block": bytes_per_block, "block_size": block_size,
             "sliding_window": v4["sliding_window"], "num_layers": model["num_layers"],
-            "num_specs": len(specs), "kv_cache_dtype": resolved,
-            "in_flight_tokens": IN_FLIGHT_BATCHES * max_num_batched_tokens,
-            "reserve_null_block": True}
+            "num_specs": len(specs), "kv_cache_dtype": resolved}
 
 
-def blocks_per_request(layout, model_len):
+def blocks_per_request(layout, model_len, in_flight_tokens):
     """Blocks one request of model_len tokens holds, summed over the groups
     (get_max_concurrency_for_kv_cache_config: FullAttentionSpec cdiv(len, block);
-    SlidingWindowSpec cdiv(min(window - 1 + in-flight tokens, len), block) + 1)."""
+    SlidingWindowSpec cdiv(min(window - 1 + in-flight tokens, len), block) + 1).
+    in_flight_tokens: gpufleet.tune.in_flight_tokens (VllmConfig.max_in_flight_tokens)."""
     total = 0
     for group in layout["v4_groups"]:
         if group["kind"] == "sliding":
-            tokens = min(group["sliding_window"] - 1 + layout["in_flight_tokens"],
-                         model_len)
+            tokens = min(group["sliding_window"] - 1 + in_flight_tokens, model_len)
             total += math.ceil(tokens / group["block_size"]) + 1
         else:
             total += math.ceil(model_len / group["block_size"])
     return total
 
 
-def fixed_blocks_per_request(layout):
+def fixed_blocks_per_request(layout, in_flight_tokens):
     """The blocks a request holds whatever its length (the sliding-window and
     compressor-state groups, once the length passes window + in-flight tokens)."""
-    return sum(math.ceil((g["sliding_window"] - 1 + layout["in_flight_tokens"])
+    return sum(math.ceil((g["sliding_window"] - 1 + in_flight_tokens)
                          / g["block_size"]) + 1
                for g in layout["v4_groups"] if g["kind"] == "sliding")

@@ -40,6 +40,8 @@ __all__ = [
     "FLAG_CHANGES",
     "default_gpu_memory_utilization",
     "estimate_overhead_bytes",
+    "async_scheduling",
+    "in_flight_tokens",
     "kv_layout",
     "kv_tokens_from_bytes",
     "kv_cache_size_tokens",
@@ -115,6 +117,18 @@ NON_TORCH_BYTES = int(0.75 * GiB)
 # which predicted 5 % more KV cache than vLLM found.
 NCCL_BYTES = int(1.75 * GiB)
 CUDA_GRAPH_BYTES = int(0.5 * GiB)
+# The tokens a sliding-window group reserves for work in flight, vLLM 0.32.0's rule for
+# every family (vllm/config/vllm.py): VllmConfig.max_in_flight_tokens =
+# max_concurrent_batches x max_num_batched_tokens, and max_concurrent_batches is 2 with
+# async scheduling at pipeline size 1 (pp_size + 1 on the V2 model runner, 2 on V1),
+# else the pipeline size (1: gpufleet plans no pipeline parallelism). Async scheduling
+# (SchedulerConfig.async_scheduling, None unless --async-scheduling or
+# --no-async-scheduling) is switched on by VllmConfig.__post_init__ unless the model is
+# a pooling model (or speculative decoding of a non-EAGLE kind, an executor without it,
+# pipeline parallelism on the V1 runner); vllm/platforms/cpu.py
+# CpuPlatform.check_and_update_config then sets it False on the CPU backend (after
+# __post_init__'s choice: "the platform hook has the last word on async scheduling").
+ASYNC_CONCURRENT_BATCHES = 2
 
 
 class TuneError(ValueError):
@@ -176,29 +190,54 @@ def _kv_element_bytes(kv_cache_dtype, dtype_bytes):
     return KV_DTYPE_BYTES[kv_cache_dtype] or dtype_bytes
 
 
+def async_scheduling(cpu, pooling, extra_args=()):
+    """Whether vLLM 0.32 schedules asynchronously here (see ASYNC_CONCURRENT_BATCHES):
+    never on the CPU backend; else as extra_args' --async-scheduling /
+    --no-async-scheduling say, and by default for a generative model, not a pooling one."""
+    if cpu:
+        return False
+    args = [str(arg) for arg in extra_args or ()]
+    if "--no-async-scheduling" in args:
+        return False
+    return "--async-scheduling" in args or not pooling
+
+
+def in_flight_tokens(layout, max_num_batched_tokens):
+    """VllmConfig.max_in_flight_tokens for the target the layout was built for: the
+    tokens each sliding-window group holds beyond window - 1 (SlidingWindowSpec.
+    max_admission_blocks_per_request). 2 x max_num_batched_tokens with async
+    scheduling (a generative model on a GPU), 1 x without (the CPU backend, pooling
+    models). The one rule for every family, DeepSeek-V4's included."""
+    batches = ASYNC_CONCURRENT_BATCHES if layout["async_scheduling"] else 1
+    return batches * max_num_batched_tokens
+
+
 def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
-              max_num_batched_tokens=DEFAULTS_BIG[0]):
-    """How vLLM lays out this model's KV cache on one GPU.
+              async_sched=True):
+    """How vLLM lays out this model's KV cache on one GPU (or the CPU backend).
 
     Returns {"per_token_layer_bytes", "page_bytes", "group_size", "groups",
-    "bytes_per_block", "block_size", "sliding_window", "num_layers"}; `groups` lists
-    one attention kind ("full" / "sliding") per KV cache group, `bytes_per_block` is
-    what one block of the shared pool takes. An encoder-only model has no groups.
-    DeepSeek-V4 (gpufleet.deepseek_v4) adds "v4_groups" (each group's block size,
-    window and bytes), "in_flight_tokens" (which its sliding groups reserve, from
-    max_num_batched_tokens) and "reserve_null_block".
+    "bytes_per_block", "block_size", "sliding_window", "num_layers",
+    "async_scheduling"}; `groups` lists one attention kind ("full" / "sliding") per KV
+    cache group, `bytes_per_block` is what one block of the shared pool takes,
+    `async_scheduling` (async_scheduling(); True, vLLM's default for a generative model
+    on a GPU, unless told) decides in_flight_tokens(). An encoder-only model has no
+    groups. DeepSeek-V4 (gpufleet.deepseek_v4) adds "v4_groups" (each group's block
+    size, window and bytes).
     """
     num_layers = model["num_layers"]
     if model["attention"] == "encoder_only":
         return {"per_token_layer_bytes": 0, "page_bytes": 0, "group_size": 0,
                 "groups": [], "bytes_per_block": 0, "block_size": block_size,
-                "sliding_window": None, "num_layers": num_layers}
+                "sliding_window": None, "num_layers": num_layers,
+                "async_scheduling": async_sched}
     if model["attention"] == "deepseek_v4":
         try:
-            return deepseek_v4.kv_layout(model, block_size, kv_cache_dtype,
-                                         max_num_batched_tokens)
+            layout = deepseek_v4.kv_layout(model, block_size, kv_cache_dtype)
         except deepseek_v4.DeepseekV4Error as exc:
             raise TuneError(str(exc)) from None
+        layout["async_scheduling"] = async_sched
+        return layout
     if model["attention"] == "mla":
         # MLAAttentionSpec: one latent (kv_lora_rank + qk_rope_head_dim) per token per
         # layer, num_kv_heads 1, not sharded by tensor parallelism.
@@ -232,19 +271,20 @@ def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
             "group_size": group_size, "groups": groups,
             "bytes_per_block": per_token * block_size * group_size,
             "block_size": block_size, "sliding_window": model.get("sliding_window"),
-            "num_layers": num_layers}
+            "num_layers": num_layers, "async_scheduling": async_sched}
 
 
 def _blocks_per_request(layout, model_len, max_num_batched_tokens):
     """Blocks one request of model_len tokens holds, summed over groups
     (FullAttentionSpec / SlidingWindowSpec.max_memory_usage_bytes)."""
+    in_flight = in_flight_tokens(layout, max_num_batched_tokens)
     if "v4_groups" in layout:
-        return deepseek_v4.blocks_per_request(layout, model_len)
+        return deepseek_v4.blocks_per_request(layout, model_len, in_flight)
     bs = layout["block_size"]
     total = 0
     for kind in layout["groups"]:
         if kind == "sliding":
-            tokens = min(layout["sliding_window"] - 1 + max_num_batched_tokens, model_len)
+            tokens = min(layout["sliding_window"] - 1 + in_flight, model_len)
             total += math.ceil(tokens / bs) + 1
         else:
             total += math.ceil(model_len / bs)
@@ -289,10 +329,12 @@ def max_fitting_len(layout, kv_cache_bytes, limit, max_num_batched_tokens, reque
     if not layout["groups"]:
         return limit
     num_blocks, _ = kv_tokens_from_bytes(layout, kv_cache_bytes)
-    if layout.get("reserve_null_block"):
-        # get_kv_cache_configs plans against the memory left after the null block the
-        # BlockPool holds back.
-        num_blocks -= 1
+    # get_kv_cache_configs (vllm/v1/core/kv_cache_utils.py) plans auto-fit and the
+    # "To serve at least one request" check against the memory left after the null
+    # block the BlockPool holds back (check_memory = available - _pool_bytes_per_block),
+    # for every model with KV cache groups. The pool itself is still sized from all
+    # the memory: num_blocks, the logged token count and concurrency keep that block.
+    num_blocks -= 1
 
     def fits(length):
         return requests * _blocks_per_request(layout, length, max_num_batched_tokens) \
@@ -741,7 +783,7 @@ def _evaluate(ctx, tp):
     """KV budget and the longest fitting context for one TP size."""
     model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
     layout = kv_layout(model, tp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
-                       ctx["mnbt"])
+                       ctx["async"])
     weights_per_gpu = ctx["weights"] // tp
     target_len = opts["wanted_len"] or opts["limit"]
     batched = max(ctx["mnbt"], target_len) if ctx["pooling"] else ctx["mnbt"]
@@ -845,22 +887,31 @@ def _explain_fit(ctx, chosen, final_len, reasons):
                        "bounded by compute, not memory.")
     elif "v4_groups" in layout:
         groups = layout["v4_groups"]
-        fixed = deepseek_v4.fixed_blocks_per_request(layout)
+        fixed = deepseek_v4.fixed_blocks_per_request(
+            layout, in_flight_tokens(layout, ctx["mnbt"]))
         reasons.append(
             f"KV cache: DeepSeek-V4, {layout['num_specs']} caches in {len(groups)} groups "
             f"packed into blocks of {layout['bytes_per_block']:,} bytes (the widest "
             "group); the compressed (c4a, c128a) and indexer caches grow one block per "
             f"{layout['block_size']} tokens, while the sliding-window and compressor-"
             f"state groups hold {fixed:,} blocks per request whatever its length "
-            f"(window + {layout['in_flight_tokens']:,} in-flight tokens: 2 x "
-            "max_num_batched_tokens with async scheduling).")
+            f"(window + {in_flight_tokens(layout, ctx['mnbt']):,} in-flight tokens: "
+            f"{_in_flight_words(layout)}).")
     elif len(set(layout["groups"])) > 1:
         reasons.append(f"KV cache: hybrid; {layout['groups'].count('sliding')} "
                        f"sliding-window and {layout['groups'].count('full')} full-attention "
                        f"group(s) of {layout['group_size']} layers share one block pool; a "
-                       "sliding group holds about window + max_num_batched_tokens tokens "
-                       "per request.")
+                       "sliding group holds about window + "
+                       f"{in_flight_tokens(layout, ctx['mnbt']):,} in-flight tokens per "
+                       f"request ({_in_flight_words(layout)}).")
     return replicas
+
+
+def _in_flight_words(layout):
+    if layout["async_scheduling"]:
+        return (f"{ASYNC_CONCURRENT_BATCHES} x max_num_batched_tokens with async "
+                "scheduling")
+    return "1 x max_num_batched_tokens, async scheduling off"
 
 
 def _runner(model, pooling, version, reasons):
@@ -923,6 +974,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
            "pooling": model["kind"] == "pooling", "max_num_seqs": max_num_seqs,
            "mnbt": max(default_mnbt, max_num_seqs), "overhead_bytes": overhead_bytes,
            "enforce_eager": enforce_eager, "target_concurrency": target_concurrency,
+           "async": async_scheduling(hw["cpu"], model["kind"] == "pooling", extra_args),
            "result": {"settings": settings, "reasons": reasons}}
 
     chosen, tp_reason = _choose_tp(ctx, tensor_parallel_size)
@@ -978,7 +1030,8 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
             "kv_cache_groups": layout["v4_groups"],
             "bytes_per_block": layout["bytes_per_block"],
             "blocks_per_request": _blocks_per_request(layout, final_len, ctx["mnbt"]),
-            "fixed_blocks_per_request": deepseek_v4.fixed_blocks_per_request(layout),
+            "fixed_blocks_per_request": deepseek_v4.fixed_blocks_per_request(
+                layout, in_flight_tokens(layout, ctx["mnbt"])),
         })
     result["args"] = _args(settings, vllm_version, list(extra_args or []), reasons)
     return result

@@ -64,7 +64,8 @@ def test_phi3_medium_slides_every_layer_by_its_sliding_window():
     assert desc["attention"] == "gqa-sliding"
     check_kv_bytes(desc, 40, 10, 128)
     # one group of 40 sliding layers: a request of 4,096 tokens holds
-    # ceil(min(2047 - 1 + 2048, 4096) / 16) + 1 = 257 blocks, not 256
+    # ceil(min(2047 - 1 + in-flight, 4096) / 16) + 1 = 257 blocks, not 256, whether
+    # 2 x 2048 (a GPU, async scheduling: kv_layout's default) or 1 x 2048 are in flight
     layout = t.kv_layout(desc, tp=1, block_size=16)
     assert layout["groups"] == ["sliding"]
     assert t.max_concurrency(layout, 257, 4096, 2048) == 1.0

@@ -101,9 +101,20 @@ def test_hybrid_sliding_and_full_groups_share_one_pool():
     blocks, tokens = t.kv_tokens_from_bytes(layout, 10 * GiB)
     assert blocks == 10 * GiB // page // 4
     assert tokens == blocks // 6 * 16
-    # one 8192-token request: full group 8192/16 = 512 blocks; each sliding group
-    # ceil(min(1024 - 1 + 2048, 8192) / 16) + 1 = 193 blocks
-    assert t.max_concurrency(layout, 1477, 8192, 2048) == 1.0
+    # One 8192-token request on a GPU, where vLLM 0.32 schedules asynchronously and a
+    # sliding group reserves max_in_flight_tokens = 2 x max_num_batched_tokens
+    # (config/vllm.py VllmConfig.max_in_flight_tokens; kv_cache_interface.py
+    # SlidingWindowSpec.max_admission_blocks_per_request): full group 8192/16 = 512
+    # blocks; each sliding group ceil(min(1024 - 1 + 2 x 2048, 8192) / 16) + 1 = 321
+    # blocks, 512 + 5 x 321 = 2117 in all. (Was 1477 with 1 x 2048 in flight, the
+    # CPU backend's rule, kept below.)
+    assert t.in_flight_tokens(layout, 2048) == 4096
+    assert t.max_concurrency(layout, 2117, 8192, 2048) == 1.0
+    # Async scheduling off (the CPU backend): ceil(min(1023 + 2048, 8192) / 16) + 1
+    # = 193 blocks per sliding group, 512 + 5 x 193 = 1477.
+    cpu = t.kv_layout(model, 1, 16, async_sched=False)
+    assert t.in_flight_tokens(cpu, 2048) == 2048
+    assert t.max_concurrency(cpu, 1477, 8192, 2048) == 1.0
     # 12 + 12 layers: equal counts, one group each
     even = t.kv_layout(hybrid_model(12, 12), 1, 16)
     assert even["group_size"] == 12 and sorted(even["groups"]) == ["full", "sliding"]
@@ -203,7 +214,14 @@ def test_llama_8b_on_a_24gb_gpu_full_context_does_not_fit():
     auto = t.plan(llama, A10G)
     assert auto["settings"]["max_model_len"] == err.nearest["max_model_len"]
     kv = auto["prediction"]["kv_cache_bytes"]
-    assert auto["settings"]["max_model_len"] == kv // (16 * 4096) // 32 * 16
+    # Every block but the null one: vLLM 0.32 get_kv_cache_configs (v1/core/
+    # kv_cache_utils.py) checks and auto-fits against the memory left after one pool
+    # block (check_memory = available - _pool_bytes_per_block), so the longest context
+    # is (num_blocks - 1) x 16, one block (16 tokens) below num_blocks x 16; the pool
+    # itself keeps all num_blocks.
+    blocks = kv // (16 * 4096 * 32)
+    assert auto["prediction"]["num_blocks"] == blocks
+    assert auto["settings"]["max_model_len"] == (blocks - 1) * 16
     assert auto["settings"]["dtype"] == "bfloat16"  # 8.6 >= 8.0
     # 8k fits with room for several requests
     short = t.plan(llama, A10G, max_model_len=8192)

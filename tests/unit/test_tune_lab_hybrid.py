@@ -10,6 +10,8 @@ vLLM's rules (vllm/v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_co
 vllm/v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request), not
 read back from the tuner.
 """
+import importlib
+
 import pytest
 
 import vllm_tune
@@ -89,3 +91,110 @@ def test_tiny_gemma3_prediction_equals_the_vllm_log(monkeypatch, max_model_len, 
     assert any("KV cache: hybrid; 5 sliding-window and 1 full-attention group(s) of 1 "
                "layers" in r for r in result["reasons"])
 
+
+
+# --- the same model on a GPU: async scheduling doubles the in-flight tokens ----------
+# vLLM 0.32.0 on a CUDA GPU turns async scheduling on for a generative model
+# (vllm/config/vllm.py VllmConfig.__post_init__: async_scheduling None -> True unless a
+# pooling model, non-EAGLE speculative decoding, an executor without it or pipeline
+# parallelism), and VllmConfig.max_in_flight_tokens is then max_concurrent_batches (2)
+# x max_num_batched_tokens. On the CPU build, vllm/platforms/cpu.py
+# CpuPlatform.check_and_update_config sets async_scheduling False, hence 1 x in the
+# cases above. SlidingWindowSpec.max_admission_blocks_per_request
+# (vllm/v1/kv_cache_interface.py) holds cdiv(min(window - 1 + max_in_flight_tokens,
+# max_model_len), block_size) + 1 blocks per sliding group;
+# get_max_concurrency_for_kv_cache_config (vllm/v1/core/kv_cache_utils.py) divides the
+# pool's num_blocks by the sum over groups.
+RTX_4090 = [{"index": 0, "name": "NVIDIA GeForce RTX 4090", "memory_total_mib": 24564,
+             "compute_capability": "8.9", "architecture": "ada", "mig_mode": False}]
+# On the GPU: block size 16, page 16 x 2 x 1 x 32 x 2 B = 2,048 B, 6 groups of one
+# layer, so num_blocks = bytes // 2,048; a 24 GB card gets max_num_batched_tokens 2048
+# (arg_utils.py: under 70 GiB), so 4,096 tokens in flight.
+GPU_KV_BYTES = 16 * 1024 * 1024  # 8,192 blocks
+
+
+def one_batch_in_flight(monkeypatch):
+    """The old rule: 1 x max_num_batched_tokens in flight (in the module's copy of
+    gpufleet.tune too, which vllm_tune imports as ansible.module_utils.gpufleet.tune)."""
+    for name in ("gpufleet.tune", "ansible.module_utils.gpufleet.tune"):
+        monkeypatch.setattr(importlib.import_module(name), "ASYNC_CONCURRENT_BATCHES", 1)
+
+
+def gpu_plan(monkeypatch, **extra):
+    args = {"model_config": TINY_GEMMA3_CONFIG, "weights_bytes": TINY_GEMMA3_WEIGHTS_BYTES,
+            "gpus": RTX_4090, "vllm_version": "0.32.0", "dtype": "bfloat16",
+            "enforce_eager": True, **extra}
+    result, failed = run_module(vllm_tune.main, args, monkeypatch)
+    assert not failed, result["msg"]
+    assert result["settings"]["block_size"] == 16
+    assert result["settings"]["max_num_batched_tokens"] == 2048
+    return result
+
+
+def test_tiny_gemma3_on_a_gpu_reserves_two_batches_in_flight(monkeypatch):
+    # L 8192: each sliding group cdiv(min(512 - 1 + 2 x 2048, 8192), 16) + 1
+    # = cdiv(4607, 16) + 1 = 289 blocks; the full group 8192 / 16 = 512;
+    # 5 x 289 + 512 = 1,957 blocks per request. 8,192 / 1,957 = 4.19x and
+    # int(8,192 / 1,957 x 8,192) = 34,291 tokens.
+    result = gpu_plan(monkeypatch, kv_cache_memory_bytes=GPU_KV_BYTES, max_model_len=8192)
+    prediction = result["prediction"]
+    assert prediction["num_blocks"] == 8192
+    assert prediction["max_concurrency"] == round(8192 / 1957, 2) == 4.19
+    assert prediction["kv_cache_tokens"] == int(8192 / 1957 * 8192) == 34291
+    assert any("window + 4,096 in-flight tokens per request (2 x max_num_batched_tokens "
+               "with async scheduling)" in r for r in result["reasons"])
+
+
+def test_tiny_gemma3_on_a_gpu_control_one_batch_in_flight(monkeypatch):
+    """The control: with the CPU build's 1 x max_num_batched_tokens (the rule the
+    tuner used for every GPU before) each sliding group holds cdiv(511 + 2048, 16) + 1
+    = 161 blocks, 5 x 161 + 512 = 1,317 per request: 6.22x and 50,955 tokens, not
+    4.19x and 34,291."""
+    one_batch_in_flight(monkeypatch)
+    prediction = gpu_plan(monkeypatch, kv_cache_memory_bytes=GPU_KV_BYTES,
+                          max_model_len=8192)["prediction"]
+    assert prediction["max_concurrency"] == round(8192 / 1317, 2) == 6.22 != 4.19
+    assert prediction["kv_cache_tokens"] == int(8192 / 1317 * 8192) == 50955 != 34291
+
+
+# 1,697 blocks: the longest context vLLM 0.32 accepts is found by
+# _estimate_max_model_len_from_groups / _check_enough_kv_cache_memory against
+# check_memory = available - one pool block (get_kv_cache_configs: "Reserve the null
+# block BlockPool permanently holds back"), i.e. 1,696 blocks. Below the window's reach
+# (L <= 4,607) a request holds 5 x (cdiv(L, 16) + 1) + cdiv(L, 16) = 6c + 5 blocks,
+# c = cdiv(L, 16): 6c + 5 <= 1,696 gives c = 281, L = 4,496. Without the null block
+# (6c + 5 <= 1,697) c would be 282, L = 4,512.
+NULL_BLOCK_KV_BYTES = 1697 * 2048
+
+
+def test_tiny_gemma3_on_a_gpu_longest_context_leaves_the_null_block(monkeypatch):
+    result = gpu_plan(monkeypatch, kv_cache_memory_bytes=NULL_BLOCK_KV_BYTES)
+    prediction = result["prediction"]
+    assert prediction["num_blocks"] == 1697  # the pool keeps every block
+    assert result["settings"]["max_model_len"] == 4496
+    assert prediction["max_model_len_that_fits"] == 4496
+    # concurrency is num_blocks over blocks per request, null block included:
+    # 1,697 / (6 x 281 + 5) = 1,697 / 1,691
+    assert prediction["max_concurrency"] == round(1697 / 1691, 2) == 1.0
+
+
+def test_tiny_gemma3_on_a_gpu_longest_context_control(monkeypatch):
+    """The control for the longest context: 1 x in flight, each sliding group stops
+    growing at cdiv(2,559, 16) + 1 = 161 blocks (5 x 161 = 805), leaving 1,696 - 805 =
+    891 full-group blocks = 14,256 tokens, so the model's whole 8,192 fits instead of
+    4,496."""
+    one_batch_in_flight(monkeypatch)
+    result = gpu_plan(monkeypatch, kv_cache_memory_bytes=NULL_BLOCK_KV_BYTES)
+    assert result["settings"]["max_model_len"] == 8192 != 4496
+
+
+@pytest.mark.parametrize("cpu, pooling, extra_args, expected", [
+    (False, False, [], True),       # a generative model on a GPU: vLLM's default
+    (True, False, [], False),       # CpuPlatform.check_and_update_config
+    (True, False, ["--async-scheduling"], False),  # the platform hook has the last word
+    (False, True, [], False),       # __post_init__: off by default for pooling
+    (False, True, ["--async-scheduling"], True),   # explicit: kept
+    (False, False, ["--no-async-scheduling"], False),
+])
+def test_async_scheduling_follows_vllm(cpu, pooling, extra_args, expected):
+    assert t.async_scheduling(cpu, pooling, extra_args) is expected
