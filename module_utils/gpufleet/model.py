@@ -63,6 +63,11 @@ KNOWN_MODEL_TYPES = {
     # DeepSeek-V4 (issue #14 item 6): its own layout, gpufleet.deepseek_v4, checked
     # against vLLM 0.32.0's kv_cache_utils (tests/slow/test_deepseek_v4_vs_vllm.py).
     "deepseek_v4",
+    # Read in vLLM 0.32.0 (the lab image's wheel) and tested on real configs: the
+    # language models of Qwen3-VL, Qwen3-VL-MoE (text_config), Qwen2.5-VL (top-level
+    # fields), Mistral 3 / Devstral 2 (text_config ministral3), and Phi-1/2 (phi, on
+    # the Transformers backend). Kimi-K2.5 needs no entry: its text_config is kimi_k2.
+    "qwen3_vl_text", "qwen3_vl_moe_text", "qwen2_5_vl", "ministral3", "phi",
 } | ENCODER_ONLY_MODEL_TYPES
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:
@@ -87,6 +92,19 @@ REQUIRED_FIELDS = ("architectures or model_type", "num_hidden_layers",
 # full/sliding attention are checked beside these. A DeepSeek-V4 config's own fields
 # (index_topk, compress_ratios) are checked by gpufleet.deepseek_v4 instead.
 UNMODELLED_STRUCTURES = (
+    # Read in vLLM 0.32.0. MiMo-V2-Flash also sets attention_chunk_size, so this
+    # comes first, to name what vLLM actually builds.
+    ("hybrid_layer_pattern", lambda v, text: v is not None,
+     "sliding-window layers with their own KV heads and head sizes (MiMo-V2): layers "
+     "marked 1 are built with swa_num_key_value_heads, swa_head_dim and "
+     "swa_v_head_dim and a window, the others with num_key_value_heads, head_dim and "
+     "v_head_dim, K and V of different sizes, so pages of two sizes "
+     "(MiMoV2DecoderLayer in vllm/model_executor/models/mimo_v2.py)"),
+    ("linear_attn_config", lambda v, text: isinstance(v, dict) and bool(v.get("kda_layers")),
+     "hybrid linear attention (Kimi Linear, Kimi-K3): the kda_layers keep a recurrent "
+     "state per request, not a KV cache, only the full_attn_layers an MLA cache "
+     "(is_kda_layer in vllm/transformers_utils/configs/kimi_linear.py, "
+     "vllm/models/kimi_k3/)"),
     ("attention_chunk_size", lambda v, text: v is not None,
      "chunked local attention (Llama 4): the RoPE layers are ChunkedLocalAttention "
      "layers whose cache keeps only the current chunk, the NoPE layers (no_rope_layers) "
@@ -135,6 +153,12 @@ def _structure_facts(field, value, text):
         no_attn = sum(1 for b in value if isinstance(b, dict) and isinstance(
             b.get("attention"), dict) and b["attention"].get("no_op"))
         return f"{len(value)} blocks, {no_attn} without attention"
+    if field == "hybrid_layer_pattern" and isinstance(value, list):
+        return (f"{len(value)} layers: {value.count(1)} sliding-window, "
+                f"{value.count(0)} full")
+    if field == "linear_attn_config" and isinstance(value, dict):
+        kda, full = value.get("kda_layers") or [], value.get("full_attn_layers") or []
+        return f"{len(kda)} KDA layers, {len(full)} full attention"
     if field == "hybrid_override_pattern" and isinstance(value, str):
         return (f"{len(value)} layers: {value.count('M')} Mamba, {value.count('*')} "
                 "attention")
@@ -319,6 +343,10 @@ def weights_from_dir(path):
 
 def _quantization(cfg, source="config.json"):
     quant = cfg.get("quantization_config")
+    if not quant and isinstance(cfg.get("text_config"), dict):
+        # Multimodal checkpoints may keep it in text_config (Kimi-K2.5); vLLM 0.32.0
+        # looks there too (model_arch_config_convertor.py get_quantization_config).
+        quant = cfg["text_config"].get("quantization_config")
     if not quant:
         return None
     if not isinstance(quant, dict):

@@ -278,3 +278,118 @@ def test_mamba_layer_types_are_refused_with_their_count():
 def test_layer_types_must_be_a_list():
     with pytest.raises(m.ModelError, match="must be a list"):
         m.describe_config(dict(BASE, layer_types="full_attention"), weights_bytes=1)
+
+
+# --- more families, read in vLLM 0.32.0 ----------------------------------------------
+# The files below were read in vLLM 0.32.0 as installed in the lab image
+# (gpufleet/vllm-cpu:lab, /opt/venv/lib/python3.11/site-packages/vllm; its
+# _version.py records no commit id) with that image's transformers 5.19.0; line
+# numbers are from those files.
+
+def test_qwen3_vl_8b_language_model_is_qwen3_from_text_config():
+    # vllm/model_executor/models/qwen3_vl.py:2043-2047: the language model is
+    # Qwen3LLMForCausalLM built with_hf_config(config.text_config,
+    # architectures=["Qwen3ForCausalLM"]); qwen3.py:206,209 Qwen3DecoderLayer:
+    # num_kv_heads = num_key_value_heads (8), head_dim = config.head_dim (128). No
+    # sliding_window in text_config, none in transformers' Qwen3VLTextConfig: full.
+    desc = m.describe_config(load("qwen3-vl-8b-instruct"), weights_bytes=1)
+    assert desc["model_type"] == "qwen3_vl_text" and desc["known_architecture"] is True
+    assert desc["architectures"] == ["Qwen3VLForConditionalGeneration"]
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (36, 8, 128)
+    assert kinds(desc) == {"full": 36} and desc["attention"] == "gqa"
+    assert desc["max_position_embeddings"] == 262144
+    check_kv_bytes(desc, 36, 8, 128)
+
+
+def test_qwen3_vl_30b_a3b_language_model_is_qwen3_moe():
+    # qwen3_vl_moe.py:285-288: Qwen3MoeLLMForCausalLM on config.text_config
+    # (architectures Qwen3MoeForCausalLM); qwen3_moe.py:372,377: num_kv_heads 4,
+    # head_dim 128 (2048 // 32 would be 64); transformers 5.19
+    # Qwen3VLMoeTextConfig sets sliding_window None (configuration_qwen3_vl_moe.py:114).
+    desc = m.describe_config(load("qwen3-vl-30b-a3b-instruct"), weights_bytes=1)
+    assert desc["model_type"] == "qwen3_vl_moe_text"
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (48, 4, 128)
+    assert kinds(desc) == {"full": 48}
+    assert desc["moe"] == {"num_experts": 128, "experts_per_token": 8}
+    check_kv_bytes(desc, 48, 4, 128)
+
+
+def test_qwen2_5_vl_7b_language_model_is_qwen2_from_top_level_fields():
+    # qwen2_5_vl.py:1444-1447: init_vllm_registered_model(architectures=
+    # ["Qwen2ForCausalLM"]) on the text config, which transformers 5.19 builds from
+    # the top-level fields (configuration_qwen2_5_vl.py:198-207) with sliding_window
+    # None unless use_sliding_window (line 131; false here). qwen2.py:269:
+    # num_kv_heads = num_key_value_heads (4); head 3584 // 28 = 128.
+    desc = m.describe_config(load("qwen2.5-vl-7b-instruct"), weights_bytes=1)
+    assert desc["model_type"] == "qwen2_5_vl"
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (28, 4, 128)
+    assert kinds(desc) == {"full": 28}
+    assert desc["rope_scaling"]["type"] == "mrope"
+    assert desc["max_position_embeddings"] == 128000  # mrope does not stretch it
+    check_kv_bytes(desc, 28, 4, 128)
+
+
+def test_devstral_small_2_language_model_is_ministral3_with_its_head_dim():
+    # mistral3.py:485-488: the language model is init_vllm_registered_model on
+    # config.text_config; config/vllm.py:942-951 with_hf_config names it
+    # Ministral3ForCausalLM (transformers' causal-LM mapping of "ministral3"), which
+    # registry.py:172 runs as mistral.py MistralForCausalLM (llama.py layers):
+    # llama.py:158-159 head_dim = config.head_dim (128, not 5120 // 32 = 160),
+    # llama.py:289 num_kv_heads 8; sliding_window null (Ministral3Config default None).
+    desc = m.describe_config(load("devstral-small-2-24b-instruct"), weights_bytes=1)
+    assert desc["model_type"] == "ministral3"
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (40, 8, 128)
+    assert kinds(desc) == {"full": 40}
+    assert desc["quantization"] == {"method": "fp8", "bits": 8}
+    # yarn: original 8192 x factor 48 = the config's own 393,216
+    assert desc["max_position_embeddings"] == 393216
+    check_kv_bytes(desc, 40, 8, 128)
+
+
+def test_phi_1_runs_on_the_transformers_backend_as_mha():
+    # registry.py:725 PhiForCausalLM -> ("transformers", "TransformersForCausalLM");
+    # transformers/base.py:633 head_size from model_arch_config
+    # (model_arch_config_convertor.py:104-116: no head_dim, 2048 // 32 = 64),
+    # base.py:668 num_kv_heads (num_key_value_heads 32 = heads: MHA), base.py:675 a
+    # per-layer window only from layer_types (none); no sliding_window: full.
+    desc = m.describe_config(load("phi-1"), weights_bytes=1)
+    assert desc["model_type"] == "phi" and desc["attention"] == "mha"
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (24, 32, 64)
+    assert kinds(desc) == {"full": 24} and desc["torch_dtype"] == "float32"
+    check_kv_bytes(desc, 24, 32, 64)
+
+
+def test_kimi_k2_5_is_mla_through_its_text_config_and_quantization_there():
+    # kimi_k25.py:378-380: the language model is DeepseekV2ForCausalLM on
+    # config.text_config (model_type kimi_k2, kv_lora_rank 512): MLA
+    # (model_arch_config_convertor.py:332 is_deepseek_mla lists kimi_k2). The
+    # compressed-tensors config sits in text_config only; vLLM reads it there
+    # (model_arch_config_convertor.py:305-312), and so does the tuner.
+    cfg = load("kimi-k2.5")
+    assert "quantization_config" not in cfg
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert desc["attention"] == "mla" and desc["num_layers"] == 61
+    assert (desc["kv_lora_rank"], desc["qk_rope_head_dim"]) == (512, 64)
+    assert desc["quantization"]["method"] == "compressed-tensors"
+    for tp in (1, 8):
+        assert t.kv_layout(desc, tp=tp, block_size=64)["per_token_layer_bytes"] == \
+            (512 + 64) * 2
+
+
+@pytest.mark.parametrize("fixture, field, facts", [
+    # deepseek_v2.py:638 DeepseekV32IndexerCache, used by
+    # vllm/models/deepseek_v32/attention.py:51 (index_topk read at :65)
+    ("deepseek-v3.2", "index_topk", "2048"),
+    # mimo_v2.py:375-410,470: hybrid_layer_pattern[i] == 1 layers get
+    # swa_num_key_value_heads 8 and a 128 window, the others 4 KV heads; V 128, K 192.
+    # The config also sets attention_chunk_size, which vLLM's mimo_v2.py never reads.
+    ("mimo-v2-flash", "hybrid_layer_pattern", "48 layers: 39 sliding-window, 9 full"),
+    # configs/kimi_linear.py:157-160 is_kda_layer: (i + 1) in kda_layers
+    ("kimi-k3", "linear_attn_config", "69 KDA layers, 24 full attention"),
+])
+def test_more_real_configs_refused_by_the_field_that_shows_the_structure(
+        fixture, field, facts):
+    with pytest.raises(m.UnsupportedModelError) as err:
+        m.describe_config(load(fixture), weights_bytes=1, allow_unknown_architecture=True)
+    assert str(err.value).startswith(f"{field} is set ({facts})")
