@@ -68,6 +68,7 @@ KNOWN_MODEL_TYPES = {
     # fields), Mistral 3 / Devstral 2 (text_config ministral3), and Phi-1/2 (phi, on
     # the Transformers backend). Kimi-K2.5 needs no entry: its text_config is kimi_k2.
     "qwen3_vl_text", "qwen3_vl_moe_text", "qwen2_5_vl", "ministral3", "phi",
+    "glm4_moe",
 } | ENCODER_ONLY_MODEL_TYPES
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:

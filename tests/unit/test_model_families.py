@@ -393,3 +393,29 @@ def test_more_real_configs_refused_by_the_field_that_shows_the_structure(
     with pytest.raises(m.UnsupportedModelError) as err:
         m.describe_config(load(fixture), weights_bytes=1, allow_unknown_architecture=True)
     assert str(err.value).startswith(f"{field} is set ({facts})")
+
+
+def test_glm_4_5_needs_its_head_dim_hidden_over_heads_is_not_whole():
+    # glm4_moe.py:342,344 Glm4MoeDecoderLayer: num_kv_heads = num_key_value_heads
+    # (8), head_dim = config.head_dim (128; 5120 / 96 is not whole); no sliding
+    # window in the file or in transformers 5.19's Glm4MoeConfig. 92 layers; the
+    # MTP layer (num_nextn_predict_layers) is a separate draft model, not counted.
+    desc = m.describe_config(load("glm-4.5"), weights_bytes=1)
+    assert desc["model_type"] == "glm4_moe" and desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (92, 8, 128)
+    assert kinds(desc) == {"full": 92}
+    assert desc["moe"] == {"num_experts": 160, "experts_per_token": 8}
+    check_kv_bytes(desc, 92, 8, 128)
+    # without head_dim the config is refused, not guessed
+    cfg = {k: v for k, v in load("glm-4.5").items() if k != "head_dim"}
+    with pytest.raises(m.ModelError, match="not a multiple"):
+        m.describe_config(cfg, weights_bytes=1)
+
+
+def test_lfm2_vl_short_conv_layers_refused_from_layer_types():
+    # LiquidAI LFM2.5-VL-1.6B: text_config.layer_types has 10 "conv" layers, which
+    # lfm2.py:331-333 builds as Lfm2ShortConvDecoderLayer (ShortConv, a conv state
+    # per request), and 6 full_attention layers.
+    with pytest.raises(m.UnsupportedModelError, match="layer_types has 10 x conv"):
+        m.describe_config(load("lfm2.5-vl-1.6b"), weights_bytes=1,
+                          allow_unknown_architecture=True)
