@@ -74,6 +74,21 @@ KNOWN_MODEL_TYPES = {
 # requires) that change the KV layout when config.json leaves the field out:
 # MistralConfig.sliding_window is 4096, so a Mistral config without the key slides.
 CONFIG_DEFAULTS = {"mistral": {"sliding_window": 4096}}
+# Gemma 2 and Gemma 3 configs on the Hub predate `layer_types`: transformers 5.19's
+# Gemma2Config / Gemma3TextConfig write it at load time (configuration_gemma2.py
+# __post_init__: every 2nd layer full; configuration_gemma3.py: every
+# `sliding_window_pattern`-th, default 6), and vLLM 0.32.0's gemma2.py / gemma3.py
+# read that list. The same defaults fill what a config leaves out (Gemma 3 4B's
+# text_config omits its head counts and head_dim).
+_GEMMA_DEFAULTS = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                   "sliding_window": 4096}
+CONFIG_DEFAULTS.update({
+    "gemma2": dict(_GEMMA_DEFAULTS, max_position_embeddings=8192),
+    "gemma3_text": dict(_GEMMA_DEFAULTS, max_position_embeddings=131072),
+})
+# model_type: (config key of the pattern or None, its default): layer i slides
+# unless (i + 1) is a multiple of the pattern.
+LAYER_PATTERN_DEFAULTS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern", 6)}
 # Files that mark a sentence-transformers (embedding) checkpoint.
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json",
                                "sentence_bert_config.json")
@@ -389,6 +404,12 @@ def _layer_kinds(cfg, num_layers, model_type):
     """Per-layer attention kinds: list of "full" / "sliding", or raise."""
     layer_types = cfg.get("layer_types")
     window = cfg.get("sliding_window")
+    if not layer_types and model_type in LAYER_PATTERN_DEFAULTS:
+        key, default = LAYER_PATTERN_DEFAULTS[model_type]
+        pattern = default if key is None or cfg.get(key) is None else _positive_int(
+            cfg[key], key, "config.json")
+        layer_types = [SLIDING_LAYER if (i + 1) % pattern else FULL_LAYER
+                       for i in range(num_layers)]
     if layer_types:
         if not isinstance(layer_types, list):
             raise ModelError(f"layer_types is {layer_types!r}; it must be a list with one "
@@ -410,7 +431,7 @@ def _layer_kinds(cfg, num_layers, model_type):
     # false); vLLM then treats every layer as full attention.
     if window and cfg.get("use_sliding_window", True) and model_type not in (
             "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
-        if cfg.get("sliding_window_pattern") or model_type in ("gemma2", "gemma3_text"):
+        if cfg.get("sliding_window_pattern"):
             raise UnsupportedModelError(
                 f"{model_type} interleaves sliding and full layers but this config.json "
                 "has no layer_types list; gpufleet needs layer_types to know which "

@@ -424,8 +424,12 @@ def model_max_len(model):
     """The longest context vLLM derives from config.json
     (vllm/config/model.py _get_and_verify_max_len): max_position_embeddings, except
     that rope scalings other than llama3/longrope/mrope stretch it by their factor
-    (yarn from original_max_position_embeddings)."""
+    (yarn from original_max_position_embeddings). Gemma 3's is already scaled: vLLM
+    skips the factor for any model_type containing "gemma3" (0.32.0: config/model.py
+    lines 2583-2585)."""
     base = model["max_position_embeddings"]
+    if "gemma3" in str(model.get("model_type") or ""):
+        return base
     rope = model.get("rope_scaling") or {}
     rope_type = rope.get("rope_type") or rope.get("type")
     factor = rope.get("factor")

@@ -419,3 +419,50 @@ def test_lfm2_vl_short_conv_layers_refused_from_layer_types():
     with pytest.raises(m.UnsupportedModelError, match="layer_types has 10 x conv"):
         m.describe_config(load("lfm2.5-vl-1.6b"), weights_bytes=1,
                           allow_unknown_architecture=True)
+
+
+def test_gemma3_27b_five_sliding_layers_to_one_full_from_text_config():
+    # gemma3_mm.py:563-565: the language model is Gemma3ForCausalLM on
+    # config.text_config. gemma3.py:153-155: a layer slides (window 1024) when
+    # layer_types[i] is sliding_attention; :225-226 num_kv_heads 16, head_dim 128
+    # (5376 // 32 would be 168). 62 layers: full at every 6th, 10 full + 52 sliding.
+    # This config was saved by transformers 4.56.2 (layer_types written out).
+    desc = m.describe_config(load("gemma-3-27b-it"), weights_bytes=1)
+    assert desc["model_type"] == "gemma3_text" and desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (62, 16, 128)
+    assert kinds(desc) == {"sliding": 52, "full": 10} and desc["sliding_window"] == 1024
+    assert desc["layer_kinds"][:6] == ["sliding"] * 5 + ["full"]
+    assert desc["attention"] == "gqa+sliding"
+    check_kv_bytes(desc, 62, 16, 128)
+    # config/model.py:2583-2585: Gemma 3's 131,072 is already scaled, so the linear
+    # factor 8 is not applied again
+    assert desc["rope_scaling"]["factor"] == 8.0
+    assert t.model_max_len(desc) == 131072
+
+
+def test_gemma3_without_layer_types_derives_them_as_transformers_does():
+    # The Hub's Gemma 3 configs (transformers 4.50) carry sliding_window_pattern, no
+    # layer_types; transformers 5.19 configuration_gemma3.py:109-115 writes
+    # sliding unless (i + 1) % pattern == 0 (pattern default 6). The list derived
+    # from the pattern is the one transformers 4.56.2 saved in this config.
+    cfg = load("gemma-3-27b-it")
+    saved = cfg["text_config"]["layer_types"]
+    text = {k: v for k, v in cfg["text_config"].items()
+            if k not in ("layer_types", "_sliding_window_pattern")}
+    for extra in ({}, {"sliding_window_pattern": 6}):
+        desc = m.describe_config(dict(cfg, text_config=dict(text, **extra)), weights_bytes=1)
+        assert desc["layer_kinds"] == [k.split("_")[0] for k in saved]
+    desc = m.describe_config(dict(cfg, text_config=dict(text, sliding_window_pattern=2)),
+                             weights_bytes=1)
+    assert kinds(desc) == {"sliding": 31, "full": 31}
+
+
+def test_gemma2_without_layer_types_alternates_starting_with_sliding():
+    # transformers 5.19 configuration_gemma2.py:95-98: sliding when (i + 1) % 2;
+    # vllm gemma2.py:155-156 reads that list. Defaults (sliding_window 4096, head_dim
+    # 256) from Gemma2Config fill what the config leaves out.
+    cfg = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+           "num_hidden_layers": 4, "hidden_size": 2304}
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["layer_kinds"] == ["sliding", "full", "sliding", "full"]
+    assert (desc["num_kv_heads"], desc["head_size"], desc["sliding_window"]) == (4, 256, 4096)
