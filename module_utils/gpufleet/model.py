@@ -69,6 +69,9 @@ KNOWN_MODEL_TYPES = {
     # the Transformers backend). Kimi-K2.5 needs no entry: its text_config is kimi_k2.
     "qwen3_vl_text", "qwen3_vl_moe_text", "qwen2_5_vl", "ministral3", "phi",
     "glm4_moe",
+    # Also read in vLLM 0.32.0: Command-R (commandr.py), StarCoder2 and StarCoder /
+    # GPTBigCode (both on the Transformers backend).
+    "cohere", "starcoder2", "gpt_bigcode",
 } | ENCODER_ONLY_MODEL_TYPES
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:
@@ -95,6 +98,11 @@ SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.jso
 # Layer types (config.json `layer_types`, transformers >= 4.53) the tuner understands.
 FULL_LAYER = "full_attention"
 SLIDING_LAYER = "sliding_attention"
+
+# Context keys vLLM 0.32.0 compares (model_arch_config_convertor.py:396-413).
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length",
+                "seq_len")
 
 # What the tuner needs from a config.json, named in errors.
 REQUIRED_FIELDS = ("architectures or model_type", "num_hidden_layers",
@@ -507,6 +515,13 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     else:
         _refuse_unmodelled(text)
     text = dict(CONFIG_DEFAULTS.get(model_type, {}), **text)
+    if model_type == "gpt_bigcode" and _first(
+            text, "n_head_kv", "num_kv_heads", "num_key_value_heads") is None:
+        # transformers 5.19 GPTBigCodeConfig (configuration_gpt_bigcode.py:83) writes
+        # num_key_value_heads = 1 if multi_query (default true) else n_head, and vLLM
+        # reads that attribute: multi-query attention, one KV head.
+        text["num_key_value_heads"] = 1 if text.get("multi_query", True) else _first(
+            text, "num_attention_heads", "n_head")
 
     num_layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
     num_heads = _first(text, "num_attention_heads", "n_head")
@@ -527,6 +542,13 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     _positive_int(num_heads, heads_key, source)
     _positive_int(max_pos, _field_name(text, "max_position_embeddings", "n_positions",
                                        "max_seq_len"), source)
+    # vLLM 0.32.0 (model_arch_config_convertor.py:394-427 derive_max_model_len_and_key)
+    # takes the smallest of these keys, then Command-R's model_max_length in its place.
+    for key in MAX_LEN_KEYS:
+        if _is_int(text.get(key)) and 0 < text[key] < max_pos:
+            max_pos = text[key]
+    if text.get("model_max_length"):
+        max_pos = _positive_int(text["model_max_length"], "model_max_length", source)
     if hidden is not None:
         _positive_int(hidden, _field_name(text, "hidden_size", "n_embd", "d_model"), source)
     if head_dim is not None:

@@ -466,3 +466,45 @@ def test_gemma2_without_layer_types_alternates_starting_with_sliding():
     desc = m.describe_config(cfg, weights_bytes=1)
     assert desc["layer_kinds"] == ["sliding", "full", "sliding", "full"]
     assert (desc["num_kv_heads"], desc["head_size"], desc["sliding_window"]) == (4, 256, 4096)
+
+
+def test_command_r_v01_is_full_mha_and_its_context_is_model_max_length():
+    # commandr.py:186-190 CohereAttention: head_dim = hidden 8192 // 64 = 128 (no
+    # head_dim), num_kv_heads = num_key_value_heads 64 (MHA); :235,243 a CohereConfig
+    # (v1) has no sliding layers. model_arch_config_convertor.py:423-426: vLLM takes
+    # model_max_length (131,072) over max_position_embeddings (8,192) for Command-R.
+    desc = m.describe_config(load("c4ai-command-r-v01"), weights_bytes=1)
+    assert desc["model_type"] == "cohere" and desc["attention"] == "mha"
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (40, 64, 128)
+    assert kinds(desc) == {"full": 40}
+    assert desc["max_position_embeddings"] == 131072
+    check_kv_bytes(desc, 40, 64, 128)
+
+
+def test_starcoder2_7b_slides_every_layer_on_the_transformers_backend():
+    # registry.py:728 Starcoder2ForCausalLM -> Transformers backend; no layer_types
+    # (transformers 5.19 Starcoder2Config writes none), so engine/arg_utils.py:
+    # 2249-2254 sets CacheConfig.sliding_window = 4096 and every layer slides
+    # (transformers/base.py:675 passes no per-layer window). 4608 // 36 = 128, 4 KV.
+    desc = m.describe_config(load("starcoder2-7b"), weights_bytes=1)
+    assert desc["model_type"] == "starcoder2"
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (32, 4, 128)
+    assert kinds(desc) == {"sliding": 32} and desc["sliding_window"] == 4096
+    assert desc["attention"] == "gqa-sliding"
+    check_kv_bytes(desc, 32, 4, 128)
+
+
+def test_starcoderbase_7b_gpt_bigcode_is_multi_query_one_kv_head():
+    # registry.py:715 GPTBigCodeForCausalLM -> Transformers backend; transformers
+    # 5.19 configuration_gpt_bigcode.py:83 num_key_value_heads = 1 if multi_query, the
+    # attribute model_arch_config_convertor.py:150-167 reads; n_layer 42, n_head 32,
+    # n_embd 4096 -> head 128, n_positions 8192.
+    desc = m.describe_config(load("starcoderbase-7b"), weights_bytes=1)
+    assert desc["model_type"] == "gpt_bigcode" and desc["attention"] == "mqa"
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (42, 1, 128)
+    assert desc["max_position_embeddings"] == 8192
+    check_kv_bytes(desc, 42, 1, 128)
+    # one KV head is replicated, not split, across tensor-parallel ranks
+    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
+    cfg = dict(load("starcoderbase-7b"), multi_query=False)
+    assert m.describe_config(cfg, weights_bytes=1)["num_kv_heads"] == 32
