@@ -72,6 +72,9 @@ KNOWN_MODEL_TYPES = {
     # Also read in vLLM 0.32.0: Command-R (commandr.py), StarCoder2 and StarCoder /
     # GPTBigCode (both on the Transformers backend).
     "cohere", "starcoder2", "gpt_bigcode",
+    # EXAONE 4.5's text_config: transformers 5.19 loads exaone4_5_text as
+    # Exaone4Config, vLLM runs it as Exaone4ForCausalLM (exaone4_5.py).
+    "exaone4_5_text",
 } | ENCODER_ONLY_MODEL_TYPES
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:

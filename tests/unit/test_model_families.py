@@ -508,3 +508,16 @@ def test_starcoderbase_7b_gpt_bigcode_is_multi_query_one_kv_head():
     assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
     cfg = dict(load("starcoderbase-7b"), multi_query=False)
     assert m.describe_config(cfg, weights_bytes=1)["num_kv_heads"] == 32
+
+
+def test_exaone_4_5_language_model_is_exaone4_from_text_config():
+    # exaone4_5.py:353-357: Exaone4ForCausalLM on config.get_text_config(), which
+    # transformers 5.19 builds as Exaone4Config (configuration_exaone4_5.py:85-87).
+    # exaone4.py:140-142 head_dim = 5120 // 40 = 128 (no head_dim); the layer slides
+    # when layer_types[i] is sliding_attention (LLLG: 48 x 4096 + 16 full).
+    desc = m.describe_config(load("exaone-4.5-33b"), weights_bytes=1)
+    assert desc["model_type"] == "exaone4_5_text"
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (64, 8, 128)
+    assert kinds(desc) == {"sliding": 48, "full": 16} and desc["sliding_window"] == 4096
+    assert t.model_max_len(desc) == 262144  # llama3 rope: the config's own length
+    check_kv_bytes(desc, 64, 8, 128)
