@@ -420,23 +420,31 @@ def tp_problem(model, tp):
     return None
 
 
+# Rope types whose config already states the stretched context, so vLLM 0.32.0 does not
+# apply their factor again (config/model.py _get_and_verify_max_len, lines 2590-2602:
+# "YaRN variants leave max_position_embeddings already scaled"); "default" and the legacy
+# "mrope" (rewritten to "default", transformers_utils/config.py) have no factor.
+ROPE_TYPES_NOT_STRETCHED = ("default", "mrope", "su", "longrope", "llama3", "yarn",
+                            "deepseek_yarn", "deepseek_llama_scaling")
+
+
 def model_max_len(model):
-    """The longest context vLLM derives from config.json
-    (vllm/config/model.py _get_and_verify_max_len): max_position_embeddings, except
-    that rope scalings other than llama3/longrope/mrope stretch it by their factor
-    (yarn from original_max_position_embeddings). Gemma 3's is already scaled: vLLM
-    skips the factor for any model_type containing "gemma3" (0.32.0: config/model.py
-    lines 2583-2585)."""
+    """The longest context vLLM 0.32.0 derives from config.json
+    (vllm/config/model.py _get_and_verify_max_len): max_position_embeddings, stretched
+    by the factor of a rope scaling outside ROPE_TYPES_NOT_STRETCHED (linear, dynamic...).
+    A yarn config is NOT stretched: a config that adds yarn to a 32,768-token
+    max_position_embeddings serves 32,768 unless max_position_embeddings is raised too
+    (earlier vLLM multiplied original_max_position_embeddings by the factor). Gemma 3's
+    is already scaled: vLLM skips the factor for any model_type containing "gemma3"
+    (config/model.py lines 2583-2585)."""
     base = model["max_position_embeddings"]
     if "gemma3" in str(model.get("model_type") or ""):
         return base
     rope = model.get("rope_scaling") or {}
     rope_type = rope.get("rope_type") or rope.get("type")
     factor = rope.get("factor")
-    if not factor or rope_type in (None, "default", "llama3", "longrope", "su", "mrope"):
+    if not factor or rope_type is None or rope_type in ROPE_TYPES_NOT_STRETCHED:
         return base
-    if rope_type == "yarn":
-        base = rope.get("original_max_position_embeddings", base)
     return int(base * factor)
 
 

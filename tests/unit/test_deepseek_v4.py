@@ -77,7 +77,7 @@ def test_described_from_its_config(name, layers, c4, c128, window_only):
                                        ("sliding", window_only)) if n}
     assert desc["deepseek_v4"]["sliding_window"] == 128
     assert len(desc["deepseek_v4"]["compress_ratios"]) == layers  # MTP entry dropped
-    assert t.model_max_len(desc) == 1048576  # yarn: 65,536 x 16
+    assert t.model_max_len(desc) == 1048576  # yarn: max_position_embeddings as it stands
 
 
 def test_pro_layout_by_hand():

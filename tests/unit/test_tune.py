@@ -295,7 +295,9 @@ def test_deepseek_v3_mla_on_8x_h200():
     s, p = result["settings"], result["prediction"]
     assert s["tensor_parallel_size"] == 8  # 5-7 do not divide 128 heads; 4 holds 156 GiB
     assert s["block_size"] == 64
-    assert s["max_model_len"] == 4096 * 40  # yarn: original x factor = 163,840
+    # yarn: vLLM 0.32.0 takes max_position_embeddings as already stretched (163,840, which
+    # is also original 4,096 x factor 40 in this config)
+    assert s["max_model_len"] == 163840
     assert p["kv_bytes_per_token"] == 61 * 576 * 2
     assert p["kv_cache_tokens"] == p["kv_cache_bytes"] // (64 * 1152) // 61 * 64
     fp8 = t.plan(dsv3, h200, allow_fp8=True)
@@ -538,3 +540,26 @@ def test_module_reports_missing_config_json(tmp_path, monkeypatch):
     result, failed = run_module(module_main(), {"model_path": str(tmp_path), "gpus": []},
                                 monkeypatch)
     assert failed and "has no config.json" in result["msg"]
+
+
+@pytest.mark.parametrize("rope, expected", [
+    # Qwen2.5's model card: add {"type": "yarn", "factor": 4.0,
+    # "original_max_position_embeddings": 32768} to serve long texts. vLLM 0.32.0 takes
+    # max_position_embeddings as already stretched for yarn (config/model.py
+    # _get_and_verify_max_len, lines 2590-2602), so the limit stays 32,768 until
+    # max_position_embeddings is raised too. Control: the rule of earlier vLLM
+    # (original x factor) gives 131,072 here, a length vLLM 0.32.0 refuses to start with.
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 32768),
+    ({"rope_type": "deepseek_yarn", "factor": 4.0}, 32768),
+    ({"rope_type": "llama3", "factor": 8.0}, 32768),
+    ({"rope_type": "longrope", "factor": 32.0}, 32768),
+    # linear and dynamic are stretched by their factor
+    ({"rope_type": "linear", "factor": 2.0}, 65536),
+    ({"type": "dynamic", "factor": 4.0}, 131072),
+])
+def test_model_max_len_follows_vllm_032_rope_rule(rope, expected):
+    cfg = config("qwen2.5-7b-instruct")
+    assert cfg["max_position_embeddings"] == 32768 and not cfg.get("rope_scaling")
+    cfg["rope_scaling"] = rope
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert t.model_max_len(desc) == expected
