@@ -167,6 +167,16 @@ UNMODELLED_STRUCTURES = (
      "per-layer blocks (DeciLM / Llama-Nemotron NAS): layers without attention (no_op) "
      "and a KV head count per layer (n_heads_in_group) (vllm/model_executor/models/"
      "nemotron_nas.py)"),
+    # Read in vLLM 0.32.0: vllm/models/minimax_m3/nvidia/model.py:99-107
+    # _sparse_attention_layer_ids (layers whose sparse_attention_freq entry is not 0)
+    # and common/indexer.py:102-150 MiniMaxM3IndexerCache (a key-only side cache per
+    # such layer, an MLAAttentionSpec of one head beside the layer's KV cache). That
+    # function reads only sparse_attention_freq, not use_sparse_attention.
+    ("sparse_attention_config",
+     lambda v, text: isinstance(v, dict) and any(v.get("sparse_attention_freq") or []),
+     "sparse attention with an indexer (MiniMax-M3): the layers marked in "
+     "sparse_attention_freq keep an index-key cache (MiniMaxM3IndexerCache) beside "
+     "their KV cache, so pages of two kinds (vllm/models/minimax_m3/)"),
     ("index_topk", lambda v, text: v is not None,
      "sparse attention with an indexer (DeepSeek-V3.2, GLM-5): every layer keeps an "
      "indexer key cache (DeepseekV32IndexerCache) beside the MLA latent "
@@ -186,6 +196,10 @@ def _structure_facts(field, value, text):
     if field == "linear_attn_config" and isinstance(value, dict):
         kda, full = value.get("kda_layers") or [], value.get("full_attn_layers") or []
         return f"{len(kda)} KDA layers, {len(full)} full attention"
+    if field == "sparse_attention_config" and isinstance(value, dict):
+        freq = value.get("sparse_attention_freq") or []
+        return (f"{len(freq)} layers, {sum(1 for f in freq if f)} with the sparse index "
+                "branch")
     if field == "hybrid_override_pattern" and isinstance(value, str):
         return (f"{len(value)} layers: {value.count('M')} Mamba, {value.count('*')} "
                 "attention")

@@ -522,3 +522,65 @@ def test_exaone_4_5_language_model_is_exaone4_from_text_config():
     assert kinds(desc) == {"sliding": 48, "full": 16} and desc["sliding_window"] == 4096
     assert t.model_max_len(desc) == 262144  # llama3 rope: the config's own length
     check_kv_bytes(desc, 64, 8, 128)
+
+
+# --- third slice (issue #14 item 5), read in vLLM 0.32.0 (the lab image) ---------------
+
+def test_devstral_2_123b_ministral3_causal_lm_is_full_gqa_with_its_head_dim():
+    # Devstral 2 123B Instruct (tt-metal copy): architectures Ministral3ForCausalLM, which
+    # registry.py:172 runs as mistral.py MistralForCausalLM (llama.py layers):
+    # llama.py:158-159 head_dim = config.head_dim (128 = 12288 / 96 here too),
+    # llama.py:289 num_kv_heads 8; sliding_window null: every layer full.
+    desc = m.describe_config(load("devstral-2-123b-instruct"), weights_bytes=1)
+    assert desc["architectures"] == ["Ministral3ForCausalLM"]
+    assert desc["model_type"] == "ministral3" and desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (88, 8, 128)
+    assert kinds(desc) == {"full": 88} and desc["attention"] == "gqa"
+    assert desc["quantization"] == {"method": "fp8", "bits": 8}
+    # rope_parameters yarn: 4096 x 64 = 262,144 = max_position_embeddings, not
+    # stretched again (vLLM 0.32.0's yarn rule)
+    assert desc["max_position_embeddings"] == 262144
+    check_kv_bytes(desc, 88, 8, 128)
+
+
+def test_qwen3_5_moe_35b_a3b_linear_attention_layers_refused_from_layer_types():
+    # Qwen/Qwen3.5-35B-A3B: registry.py:596-599 Qwen3_5MoeForConditionalGeneration ->
+    # qwen3_5.py:703; qwen3_5.py:149 builds "linear_attention" layers as Gated
+    # DeltaNet (a recurrent state per request). text_config.layer_types: 30 linear, 10
+    # full; it also sets full_attention_interval 4, checked after layer_types.
+    cfg = load("qwen3.5-35b-a3b")
+    assert cfg["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
+    for unknown in (False, True):
+        with pytest.raises(m.UnsupportedModelError,
+                           match="layer_types has 30 x linear_attention"):
+            m.describe_config(cfg, weights_bytes=1, allow_unknown_architecture=unknown)
+
+
+def test_minimax_m3_sparse_index_layers_refused_by_sparse_attention_config():
+    # nvidia/MiniMax-M3-NVFP4: registry.py:509-512 MiniMaxM3SparseForConditionalGeneration
+    # -> vllm/models/minimax_m3; nvidia/model.py:99-107 _sparse_attention_layer_ids: the
+    # layers whose sparse_attention_freq entry is not 0 (57 of 60) run the index branch,
+    # whose MiniMaxM3IndexerCache (common/indexer.py:102-150) is a key-only side cache
+    # (MLAAttentionSpec, one head) beside the layer's KV cache.
+    cfg = load("minimax-m3-nvfp4")
+    assert cfg["architectures"] == ["MiniMaxM3SparseForConditionalGeneration"]
+    with pytest.raises(m.UnsupportedModelError) as err:
+        m.describe_config(cfg, weights_bytes=1, allow_unknown_architecture=True)
+    assert str(err.value).startswith(
+        "sparse_attention_config is set (60 layers, 57 with the sparse index branch)")
+    assert "--kv-cache-memory-bytes" in str(err.value)
+
+
+@pytest.mark.parametrize("sparse, refused", [
+    ({"use_sparse_attention": True, "sparse_attention_freq": [0, 1, 1, 1]}, True),
+    # nvidia/model.py:99-107 reads only the frequency list, not use_sparse_attention
+    ({"use_sparse_attention": False, "sparse_attention_freq": [0, 1, 1, 1]}, True),
+    ({"use_sparse_attention": True, "sparse_attention_freq": [0, 0, 0, 0]}, False),
+])
+def test_sparse_attention_config_is_refused_only_when_a_layer_uses_it(sparse, refused):
+    cfg = dict(BASE, sparse_attention_config=sparse)
+    if refused:
+        with pytest.raises(m.UnsupportedModelError, match="sparse_attention_config"):
+            m.describe_config(cfg, weights_bytes=1)
+    else:
+        assert m.describe_config(cfg, weights_bytes=1)["num_kv_heads"] == 2
