@@ -75,6 +75,11 @@ KNOWN_MODEL_TYPES = {
     # EXAONE 4.5's text_config: transformers 5.19 loads exaone4_5_text as
     # Exaone4Config, vLLM runs it as Exaone4ForCausalLM (exaone4_5.py).
     "exaone4_5_text",
+    # Muse Glimmer's text_config (vLLM 0.32.0 muse_glimmer.py, configs/muse_glimmer.py):
+    # sliding layers are the RoPE layers of no_rope_layers, which vLLM derives (NoPE,
+    # full, every 4th layer counted back from the last); the test checks that the
+    # config's layer_types name the same layers.
+    "muse_glimmer_text",
 } | ENCODER_ONLY_MODEL_TYPES
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:

@@ -584,3 +584,30 @@ def test_sparse_attention_config_is_refused_only_when_a_layer_uses_it(sparse, re
             m.describe_config(cfg, weights_bytes=1)
     else:
         assert m.describe_config(cfg, weights_bytes=1)["num_kv_heads"] == 2
+
+
+def test_muse_glimmer_30b_sliding_rope_layers_three_to_one_full_nope_layer():
+    # meta-models/Muse-Glimmer-30B: registry.py:537 MuseGlimmerForConditionalGeneration
+    # -> muse_glimmer.py MuseGlimmerForCausalLM on the text config (muse_glimmer.py:110-114,
+    # 1304). MuseGlimmerAttention: muse_glimmer.py:1130-1136 num_kv_heads =
+    # num_key_value_heads (2), head_dim = config.head_dim (128; 6656 / 32 = 208 is not
+    # it); :1146 a layer slides iff no_rope_layers[i] == 1, :1198-1207 with
+    # per_layer_sliding_window = sliding_window (2048), else full. The config has no
+    # no_rope_layers: transformers_utils/configs/muse_glimmer.py:21-27,109-113 derive
+    # it (NoPE every 4th layer counted back from the last), which names the same full
+    # layers as the config's layer_types (3, 7, ..., 51), the list the tuner reads.
+    cfg = load("muse-glimmer-30b")
+    text = cfg["text_config"]
+    n = text["num_hidden_layers"]
+    nope = [(n - 1 - i) % 4 == 0 for i in range(n)]
+    assert [k == "full_attention" for k in text["layer_types"]] == nope
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["MuseGlimmerForConditionalGeneration"]
+    assert desc["model_type"] == "muse_glimmer_text" and desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (52, 2, 128)
+    assert kinds(desc) == {"sliding": 39, "full": 13}
+    assert [k == "full" for k in desc["layer_kinds"]] == nope
+    assert desc["sliding_window"] == 2048 and desc["attention"] == "gqa+sliding"
+    assert desc["max_position_embeddings"] == 131072
+    assert desc["torch_dtype"] == "bfloat16"
+    check_kv_bytes(desc, 52, 2, 128)
