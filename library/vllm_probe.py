@@ -72,6 +72,12 @@ options:
     description: Share of probe requests that may fail.
     type: float
     default: 0.0
+  attempts:
+    description:
+      - Probes at most, with O(baseline), when a probe is only too slow (see above).
+      - 1 fails the gate on the first slow probe.
+    type: int
+    default: 2
 extends_documentation_fragment:
   - gpufleet.read_only
 requirements:
@@ -103,18 +109,25 @@ idle:
   returned: when wait_idle
   type: dict
 probe:
-  description: C(count), C(errors), C(error_rate), C(p50_ms), C(p95_ms), C(max_ms), C(error_samples).
+  description:
+    - C(count), C(errors), C(error_rate), C(p50_ms), C(p95_ms), C(max_ms), C(error_samples).
+    - With O(baseline), the figures of the last probe (the one that decided).
   returned: when requests > 0
   type: dict
+attempts:
+  description: Every probe's figures and verdict, in order (with O(baseline)).
+  returned: when baseline is given
+  type: list
+  elements: dict
 verdict:
-  description: C(ok) and C(reasons) of the comparison with O(baseline).
+  description: C(ok) and C(reasons) of the comparison with O(baseline) (the last probe's).
   returned: when baseline is given
   type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.gpufleet.upgrade import (
-    UpgradeError, probe_verdict, run_probe, wait_idle)
+    UpgradeError, probe_gate, run_probe, wait_idle)
 
 try:
     import requests
@@ -136,19 +149,21 @@ def run(params, session):
     if params["requests"] > 0:
         if not params["served_model_name"]:
             return True, dict(result, msg="served_model_name is needed for a probe")
-        result["probe"] = run_probe(session, url, params["api_key"],
-                                    params["served_model_name"], params["runner"],
-                                    params["requests"], params["max_tokens"],
-                                    params["request_timeout"])
-        if params["baseline"] is not None:
-            verdict = probe_verdict(params["baseline"], result["probe"],
-                                    params["max_latency_ratio"],
-                                    params["max_latency_increase_ms"],
-                                    params["max_error_rate"])
-            result["verdict"] = verdict
-            if not verdict["ok"]:
-                return True, dict(result, msg=f"probe gate failed for {url}: "
-                                               + " ".join(verdict["reasons"]))
+        def probe():
+            return run_probe(session, url, params["api_key"], params["served_model_name"],
+                             params["runner"], params["requests"], params["max_tokens"],
+                             params["request_timeout"])
+
+        if params["baseline"] is None:
+            result["probe"] = probe()
+            return False, result
+        gate = probe_gate(probe, params["baseline"], params["attempts"],
+                          params["max_latency_ratio"], params["max_latency_increase_ms"],
+                          params["max_error_rate"])
+        result.update(probe=gate["attempts"][-1]["probe"], verdict=gate["verdict"],
+                      attempts=gate["attempts"])
+        if not gate["verdict"]["ok"]:
+            return True, dict(result, msg=f"probe gate failed for {url}: {gate['summary']}")
     return False, result
 
 
@@ -169,13 +184,14 @@ def main():
             "max_latency_ratio": {"type": "float", "default": 2.0},
             "max_latency_increase_ms": {"type": "float", "default": 500},
             "max_error_rate": {"type": "float", "default": 0.0},
+            "attempts": {"type": "int", "default": 2},
         },
         supports_check_mode=True,
     )
     if not HAS_REQUESTS:
         module.fail_json(msg=missing_required_lib("requests"))
     p = module.params
-    for key in ("idle_timeout", "request_timeout", "max_tokens"):
+    for key in ("idle_timeout", "request_timeout", "max_tokens", "attempts"):
         if p[key] <= 0:
             module.fail_json(msg=f"{key} must be above 0 (got {p[key]})")
     if p["requests"] < 0 or p["max_latency_ratio"] < 1 or p["max_latency_increase_ms"] < 0 \

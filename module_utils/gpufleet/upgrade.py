@@ -265,6 +265,49 @@ def probe_verdict(before, after, max_latency_ratio=2.0, max_latency_increase_ms=
     return {"ok": ok, "reasons": reasons}
 
 
+def probe_gate(probe, baseline, attempts=2, max_latency_ratio=2.0,
+               max_latency_increase_ms=500, max_error_rate=0.0):
+    """The probe gate: probe() (run_probe bound to the instance) compared with baseline.
+
+    A probe that is only too slow (no error beyond max_error_rate) is measured again, up
+    to `attempts` probes in all, and the gate fails only when every probe fails: on a
+    busy host one stalled request is the p95 of a few, and must not roll a good change
+    back, while a change that made the host slower fails each time. An error fails at
+    once. Returns {"verdict", "attempts": [{"probe", "verdict"}], "summary"}.
+    """
+    tries = []
+    for _ in range(max(1, int(attempts))):
+        figures = probe()
+        verdict = probe_verdict(baseline, figures, max_latency_ratio,
+                                max_latency_increase_ms, max_error_rate)
+        tries.append({"probe": figures, "verdict": verdict})
+        errors_ok = figures.get("error_rate", 1.0) <= float(max_error_rate)
+        if verdict["ok"] or not errors_ok:
+            break
+    last = tries[-1]["verdict"]
+    summary = " ".join(last["reasons"])
+    if len(tries) > 1:
+        summary = (f"{summary} (probe {len(tries)} of {len(tries)}; before it: "
+                   + "; ".join(" ".join(t["verdict"]["reasons"]) for t in tries[:-1]) + ")")
+    return {"verdict": last, "attempts": tries, "summary": summary}
+
+
+def failure_message(result, limit=3000):
+    """What a failed task said, for the rollout's stop message. A looped task's own msg
+    is Ansible's "One or more items failed"; the figures are in its failed items, so
+    those are named instead (label: msg)."""
+    result = result or {}
+    parts = []
+    for item in result.get("results") or []:
+        if isinstance(item, dict) and item.get("failed"):
+            label = item.get("_ansible_item_label", item.get("item"))
+            if isinstance(label, dict):
+                label = label.get("name", label)
+            parts.append(f"{label}: {item.get('msg', '')}")
+    text = "; ".join(parts) if parts else str(result.get("msg", ""))
+    return text[:int(limit)]
+
+
 def soak_verdict(deltas, bad_statuses, max_5xx=0, max_retries=0, max_check_failures=0):
     """The soak window after re-enabling: counters that grew at the gateway for the
     host's servers (deltas: {server: {hrsp_5xx, wretr, wredis, chkfail, eresp}}, or

@@ -103,6 +103,62 @@ def test_probe_verdict_thresholds(after, ok):
                                  max_latency_increase_ms=500)["ok"] is ok
 
 
+def _probes(*figures):
+    """probe() for probe_gate: hands out the given figures in turn, counting the calls."""
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return figures[len(calls) - 1]
+    return probe, calls
+
+
+FAST = {"count": 3, "errors": 0, "error_rate": 0.0, "p95_ms": 120.0}
+STALLED = {"count": 3, "errors": 0, "error_rate": 0.0, "p95_ms": 1400.0}
+BROKEN = {"count": 3, "errors": 3, "error_rate": 1.0, "error_samples": ["503"]}
+BEFORE = {"count": 3, "errors": 0, "error_rate": 0.0, "p95_ms": 100.0}
+
+
+def test_probe_gate_measures_a_slow_probe_again_and_passes_when_it_recovers():
+    probe, calls = _probes(STALLED, FAST)
+    gate = upgrade.probe_gate(probe, BEFORE, attempts=2)
+    assert gate["verdict"]["ok"] and len(calls) == 2 and len(gate["attempts"]) == 2
+    assert gate["attempts"][0]["probe"]["p95_ms"] == 1400.0
+    assert not gate["attempts"][0]["verdict"]["ok"]
+
+
+def test_probe_gate_fails_when_every_probe_is_slow_and_names_each():
+    probe, calls = _probes(STALLED, dict(STALLED, p95_ms=1600.0))
+    gate = upgrade.probe_gate(probe, BEFORE, attempts=2)
+    assert not gate["verdict"]["ok"] and len(calls) == 2
+    assert "1600.0 ms after vs 100.0 ms before" in gate["summary"]
+    assert "probe 2 of 2" in gate["summary"] and "1400.0 ms after" in gate["summary"]
+
+
+def test_probe_gate_fails_at_once_on_errors_and_with_one_attempt():
+    probe, calls = _probes(BROKEN, FAST)
+    gate = upgrade.probe_gate(probe, BEFORE, attempts=3)
+    assert not gate["verdict"]["ok"] and len(calls) == 1 and "503" in gate["summary"]
+    probe, calls = _probes(STALLED, FAST)
+    assert not upgrade.probe_gate(probe, BEFORE, attempts=1)["verdict"]["ok"]
+    assert len(calls) == 1
+    probe, calls = _probes(FAST, STALLED)
+    assert upgrade.probe_gate(probe, BEFORE, attempts=2)["verdict"]["ok"] and len(calls) == 1
+
+
+def test_failure_message_names_the_failed_items_of_a_loop():
+    looped = {"msg": "One or more items failed", "results": [
+        {"failed": False, "msg": "fine", "_ansible_item_label": "vllm-a"},
+        {"failed": True, "msg": "probe gate failed for http://x: p95 latency 900 ms",
+         "_ansible_item_label": "vllm-b", "item": {"name": "vllm-b"}},
+        {"failed": True, "msg": "second", "item": {"name": "vllm-c"}}]}
+    assert upgrade.failure_message(looped) == (
+        "vllm-b: probe gate failed for http://x: p95 latency 900 ms; vllm-c: second")
+    assert upgrade.failure_message({"msg": "plain"}) == "plain"
+    assert upgrade.failure_message({}) == "" and upgrade.failure_message(None) == ""
+    assert len(upgrade.failure_message({"msg": "x" * 5000}, limit=100)) == 100
+
+
 def test_soak_verdict():
     quiet = {"h_1": {"hrsp_5xx": 0, "wretr": 0, "chkfail": 0}}
     assert upgrade.soak_verdict(quiet, {})["ok"]
@@ -274,6 +330,15 @@ def test_vllm_probe_waits_idle_probes_and_gates(fake_vllm, monkeypatch):
                                                  "served_model_name": "m", "requests": 3,
                                                  "baseline": result["probe"]}, monkeypatch)
     assert failed and "probe gate failed" in gated["msg"] and gated["probe"]["errors"] == 3
+    assert len(gated["attempts"]) == 1  # an error fails at once: no second probe
+    state["fail"] = False
+    slow = dict(result["probe"], p95_ms=0.001, p50_ms=0.001)  # nothing is that fast
+    gated, failed = run_module(vllm_probe.main, {"url": url, "api_key": KEY,
+                                                 "served_model_name": "m", "requests": 2,
+                                                 "baseline": slow, "max_latency_ratio": 1.0,
+                                                 "max_latency_increase_ms": 0,
+                                                 "attempts": 3}, monkeypatch)
+    assert failed and len(gated["attempts"]) == 3 and "probe 3 of 3" in gated["msg"]
 
 
 def test_vllm_probe_idle_timeout_and_bad_input(monkeypatch):
