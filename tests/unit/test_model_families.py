@@ -611,3 +611,32 @@ def test_muse_glimmer_30b_sliding_rope_layers_three_to_one_full_nope_layer():
     assert desc["max_position_embeddings"] == 131072
     assert desc["torch_dtype"] == "bfloat16"
     check_kv_bytes(desc, 52, 2, 128)
+
+
+# --- fourth slice (issue #14 item 5), read in vLLM 0.32.0 (the lab image) --------------
+
+def test_gemma2_9b_it_alternates_sliding_and_full_from_the_derived_layer_types(monkeypatch):
+    # google/gemma-2-9b-it as published at release (transformers 4.42.0.dev0: no
+    # layer_types). registry.py:107 Gemma2ForCausalLM -> gemma2.py; :155-156 a layer
+    # slides (per_layer_sliding_window = sliding_window 4096) iff
+    # config.layer_types[i] == "sliding_attention", the list transformers 5.19's
+    # Gemma2Config writes at load time (every 2nd layer full, starting with sliding);
+    # :197-198 num_kv_heads = num_key_value_heads 8, head_dim = config.head_dim 256
+    # (3584 / 16 = 224 is not it). 42 layers: 21 sliding + 21 full.
+    desc = m.describe_config(load("gemma-2-9b-it"), weights_bytes=1)
+    assert desc["architectures"] == ["Gemma2ForCausalLM"]
+    assert desc["model_type"] == "gemma2" and desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (42, 8, 256)
+    assert desc["layer_kinds"][:4] == ["sliding", "full", "sliding", "full"]
+    assert kinds(desc) == {"sliding": 21, "full": 21} and desc["sliding_window"] == 4096
+    assert desc["attention"] == "gqa+sliding" and desc["kind"] == "generative"
+    assert desc["max_position_embeddings"] == 8192 and t.model_max_len(desc) == 8192
+    check_kv_bytes(desc, 42, 8, 256)
+    layout = t.kv_layout(desc, tp=1, block_size=16)
+    assert layout["group_size"] == 21 and sorted(layout["groups"]) == ["full", "sliding"]
+    # control: without the Gemma 2 pattern rule the same config would slide on every
+    # layer (sliding_window set, no layer_types), which this test rejects
+    monkeypatch.setattr(m, "LAYER_PATTERN_DEFAULTS", {})
+    assert kinds(m.describe_config(load("gemma-2-9b-it"), weights_bytes=1)) == {
+        "sliding": 42}
+
