@@ -42,6 +42,9 @@ SAFETENSORS_TO_TORCH = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 # Architecture-name endings vLLM's registry runs as generative models
 # (vllm/model_executor/models/registry.py `_TEXT_GENERATION_MODELS`).
 GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+# The one generative name in vLLM 0.32.0's `_TEXT_GENERATION_MODELS` without such an
+# ending (registry.py:82): ChatGLM / GLM-4 checkpoints name `ChatGLMModel`.
+GENERATIVE_ARCHITECTURES = {"ChatGLMModel"}
 # Endings of natively pooling architectures (registry `_EMBEDDING_MODELS`,
 # `_CROSS_ENCODER_MODELS`): BertModel, XLMRobertaModel, ...ForSequenceClassification.
 POOLING_SUFFIXES = ("Model", "ForSequenceClassification", "ForTokenClassification",
@@ -80,6 +83,10 @@ KNOWN_MODEL_TYPES = {
     # full, every 4th layer counted back from the last); the test checks that the
     # config's layer_types name the same layers.
     "muse_glimmer_text",
+    # ChatGLM2/3 and GLM-4 (ChatGLMModel, vLLM 0.32.0 chatglm.py on vLLM's own
+    # ChatGLMConfig, transformers_utils/configs/chatglm.py): num_layers,
+    # multi_query_group_num KV heads when multi_query_attention, seq_length.
+    "chatglm",
 } | ENCODER_ONLY_MODEL_TYPES
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:
@@ -473,7 +480,7 @@ def _layer_kinds(cfg, num_layers, model_type):
 def _pooling_kind(architectures, model_type, has_st_files):
     """Return (kind, native_pooling) where kind is "generative" or "pooling"."""
     arch = architectures[0] if architectures else ""
-    if arch.endswith(GENERATIVE_SUFFIXES):
+    if arch.endswith(GENERATIVE_SUFFIXES) or arch in GENERATIVE_ARCHITECTURES:
         return ("pooling", False) if has_st_files else ("generative", False)
     if arch.endswith(POOLING_SUFFIXES) or model_type in ENCODER_ONLY_MODEL_TYPES:
         return "pooling", True
@@ -544,12 +551,16 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         # reads that attribute: multi-query attention, one KV head.
         text["num_key_value_heads"] = 1 if text.get("multi_query", True) else _first(
             text, "num_attention_heads", "n_head")
+    if model_type == "chatglm" and not text.get("multi_query_attention"):
+        # vLLM 0.32.0 chatglm.py:61-65: multi_query_group_num KV heads only with
+        # multi_query_attention (ChatGLMConfig's default is false), else one per head.
+        text.pop("multi_query_group_num", None)
 
     num_layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
     num_heads = _first(text, "num_attention_heads", "n_head")
     hidden = _first(text, "hidden_size", "n_embd", "d_model")
     head_dim = text.get("head_dim")
-    max_pos = _first(text, "max_position_embeddings", "n_positions", "max_seq_len")
+    max_pos = _first(text, *MAX_LEN_KEYS)
     missing = [field for field, value in (
         ("num_hidden_layers", num_layers), ("num_attention_heads", num_heads),
         ("hidden_size (or head_dim)", hidden if head_dim is None else head_dim),
@@ -562,10 +573,10 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     heads_key = _field_name(text, "num_attention_heads", "n_head")
     _positive_int(num_layers, layers_key, source)
     _positive_int(num_heads, heads_key, source)
-    _positive_int(max_pos, _field_name(text, "max_position_embeddings", "n_positions",
-                                       "max_seq_len"), source)
+    _positive_int(max_pos, _field_name(text, *MAX_LEN_KEYS), source)
     # vLLM 0.32.0 (model_arch_config_convertor.py:394-427 derive_max_model_len_and_key)
-    # takes the smallest of these keys, then Command-R's model_max_length in its place.
+    # takes the smallest of these keys (ChatGLM has only seq_length), then Command-R's
+    # model_max_length in its place.
     for key in MAX_LEN_KEYS:
         if _is_int(text.get(key)) and 0 < text[key] < max_pos:
             max_pos = text[key]

@@ -640,3 +640,35 @@ def test_gemma2_9b_it_alternates_sliding_and_full_from_the_derived_layer_types(m
     assert kinds(m.describe_config(load("gemma-2-9b-it"), weights_bytes=1)) == {
         "sliding": 42}
 
+
+def test_chatglm3_6b_is_generative_multi_query_groups_and_seq_length(monkeypatch):
+    # THUDM/chatglm3-6b (ModelScope folder copy). registry.py:82 ChatGLMModel ->
+    # chatglm.py ChatGLMForCausalLM, a text-generation model although its name ends in
+    # "Model"; vLLM loads it with its own ChatGLMConfig (transformers_utils/config.py:84,
+    # configs/chatglm.py:54 max_position_embeddings = seq_length 8192).
+    # chatglm.py:61-65 total_num_kv_heads = multi_query_group_num (2) because
+    # multi_query_attention is true; :75 head_dim = 4096 // 32 = 128 (kv_channels 128
+    # is not read); :275 num_layers 28. No sliding window.
+    cfg = load("chatglm3-6b")
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["ChatGLMModel"]
+    assert desc["model_type"] == "chatglm" and desc["known_architecture"] is True
+    assert desc["kind"] == "generative" and desc["native_pooling"] is False
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (28, 2, 128)
+    assert kinds(desc) == {"full": 28} and desc["attention"] == "gqa"
+    assert desc["max_position_embeddings"] == 8192 and t.model_max_len(desc) == 8192
+    assert desc["torch_dtype"] == "float16"
+    check_kv_bytes(desc, 28, 2, 128)
+    # 2 KV heads are split across TP 2, replicated at TP 4
+    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
+    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
+    # controls: without multi_query_attention vLLM builds one KV head per head; without
+    # seq_length (its only length key) the config is refused; read by its name ending
+    # alone, ChatGLMModel would be taken for a pooling model
+    mha = m.describe_config(dict(cfg, multi_query_attention=False), weights_bytes=1)
+    assert mha["num_kv_heads"] == 32 and mha["attention"] == "mha"
+    with pytest.raises(m.ModelError, match="lacks max_position_embeddings"):
+        m.describe_config({k: v for k, v in cfg.items() if k != "seq_length"},
+                          weights_bytes=1)
+    monkeypatch.setattr(m, "GENERATIVE_ARCHITECTURES", set())
+    assert m.describe_config(cfg, weights_bytes=1)["kind"] == "pooling"
