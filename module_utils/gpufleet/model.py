@@ -707,12 +707,27 @@ def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=Non
         weights = {"bytes": weights_bytes, "source": "weights_bytes option", "dtype": None}
     st_files = any(os.path.isfile(os.path.join(path, f))
                    for f in SENTENCE_TRANSFORMERS_FILES)
-    return describe_config(cfg, weights_bytes=weights["bytes"],
+    desc = describe_config(cfg, weights_bytes=weights["bytes"],
                            weights_source=weights["source"], weights_dtype=weights["dtype"],
                            sentence_transformers=st_files,
                            allow_unknown_architecture=allow_unknown_architecture,
                            name=os.path.basename(os.path.normpath(path)),
                            source=config_path)
+    # vLLM 0.32.0 config/model.py:2129-2141, 2552-2557: a pooling model whose hf_config
+    # says position_embedding_type "absolute" (BERT, XLM-RoBERTa) is also held to its
+    # tokenizer_config.json model_max_length (bge-m3: 8,194 positions, 8,192 tokens).
+    tok_path = os.path.join(path, "tokenizer_config.json")
+    if desc["kind"] == "pooling" and cfg.get("position_embedding_type") == "absolute" \
+            and os.path.isfile(tok_path):
+        try:
+            with open(tok_path, encoding="utf-8") as handle:
+                tok_max = json.load(handle).get("model_max_length")
+        except (ValueError, AttributeError) as exc:
+            raise ModelError(f"{tok_path} is not a JSON object: {exc}") from exc
+        if isinstance(tok_max, (int, float)) and not isinstance(tok_max, bool) \
+                and 0 < tok_max < desc["max_position_embeddings"]:
+            desc["max_position_embeddings"] = int(tok_max)
+    return desc
 
 
 def model_summary(desc):

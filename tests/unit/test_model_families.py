@@ -672,3 +672,39 @@ def test_chatglm3_6b_is_generative_multi_query_groups_and_seq_length(monkeypatch
                           weights_bytes=1)
     monkeypatch.setattr(m, "GENERATIVE_ARCHITECTURES", set())
     assert m.describe_config(cfg, weights_bytes=1)["kind"] == "pooling"
+
+
+def test_bge_m3_xlm_roberta_is_an_encoder_only_pooling_model(tmp_path):
+    # BAAI/bge-m3 (the Git LFS object of a third-party copy, identified by the
+    # pointer's sha256; SOURCES.md). registry.py:247 XLMRobertaModel -> roberta.py
+    # RobertaEmbeddingModel (:117), a BertEmbeddingModel whose layers are
+    # EncoderOnlyAttention (bert.py:266): no KV cache (kv_cache_interface.py
+    # EncoderOnlyAttentionSpec). 24 layers, 16 heads x 64; native pooling (CLS).
+    cfg = load("bge-m3")
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["XLMRobertaModel"]
+    assert desc["model_type"] == "xlm-roberta" and desc["known_architecture"] is True
+    assert desc["kind"] == "pooling" and desc["native_pooling"] is True
+    assert desc["attention"] == "encoder_only"
+    assert (desc["num_layers"], desc["num_attention_heads"], desc["head_size"]) == (24, 16, 64)
+    assert desc["torch_dtype"] == "float32"
+    layout = t.kv_layout(desc, tp=1, block_size=16)
+    assert layout["per_token_layer_bytes"] == 0 and layout["groups"] == []
+    # config/model.py:2129-2141, 2552-2557: for a pooling model with absolute position
+    # embeddings vLLM also takes tokenizer_config.json's model_max_length. bge-m3's own
+    # tokenizer_config.json is published only as an LFS pointer here, so the test writes
+    # one with the value 8192 (synthetic): the 8,194 positions become 8,192 tokens
+    assert desc["max_position_embeddings"] == 8194
+    folder = tmp_path / "bge-m3"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert m.describe_model_dir(str(folder), weights_bytes=1)[
+        "max_position_embeddings"] == 8194
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 8192}))
+    assert m.describe_model_dir(str(folder), weights_bytes=1)[
+        "max_position_embeddings"] == 8192
+    # control: without position_embedding_type "absolute" vLLM does not read the file
+    (folder / "config.json").write_text(json.dumps(
+        {k: v for k, v in cfg.items() if k != "position_embedding_type"}))
+    assert m.describe_model_dir(str(folder), weights_bytes=1)[
+        "max_position_embeddings"] == 8194
