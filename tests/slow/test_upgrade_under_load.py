@@ -273,6 +273,10 @@ def test_d_bad_args_on_the_canary_roll_back_by_themselves(lab):
     assert rc != 0
     assert "UPGRADE STOPPED at lab-h200" in out and "rolled back to its last good state" in out, why(out)
     assert "ROLLBACK FAILED" not in out and "nothing was changed" not in out, why(out)
+    # The stop message names the failed instance and what it said, not Ansible's summary
+    # of a loop ("One or more items failed"), which hid the figures (CI stop 18).
+    stop = out[out.index("UPGRADE STOPPED at lab-h200"):][:3000]
+    assert "One or more items failed" not in stop and "vllm-lab-h200-" in stop, why(out)
     assert totals["failed"] == 0, totals
     after = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     assert after["lab-a10g"] == before["lab-a10g"]
