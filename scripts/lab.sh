@@ -6,6 +6,13 @@
 #   scripts/lab.sh down     remove the lab hosts and stop the loopback services
 #   scripts/lab.sh images   build (or reuse, by content hash) the lab's images and models
 #
+# The fleet lab, apart from the lab above (its own containers, gpufleet-fleet-NN, its own
+# inventory, .cache/fleet/hosts.yml, written by lab/fleet.py), reached over SSH:
+#   scripts/lab.sh fleet-up --hosts N   N lightweight hosts of the lab's profiles (driver,
+#                                       container runtime, the tiny model; nothing served)
+#   scripts/lab.sh fleet-run [ARGS]     site.yml on them (ARGS go to ansible-playbook)
+#   scripts/lab.sh fleet-down           remove them
+#
 # Extra arguments after `run` go to ansible-playbook (e.g. `--check`, `-v`).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,6 +79,52 @@ PY
   return "$rc"
 }
 
+# --- The fleet lab -----------------------------------------------------------------------
+FLEET_DIR="$ROOT/.cache/fleet"
+FLEET_INVENTORY="$FLEET_DIR/hosts.yml"
+FLEET_PREFIX=gpufleet-
+# Its own fact cache: the main lab's (.cache/facts) never answers for a fleet host.
+fleet_env() { export ANSIBLE_CACHE_PLUGIN_CONNECTION="$FLEET_DIR/facts"; }
+
+fleet_containers() { docker ps -aq --filter "name=^${FLEET_PREFIX}fleet-[0-9]+\$"; }
+
+fleet_down() {
+  local ids
+  ids=$(fleet_containers)
+  [[ -z "$ids" ]] || docker rm -f $ids >/dev/null
+  # each host's folder on this machine (playbooks/lab.yml; the models are fetched there)
+  rm -rf /var/lib/gpufleet-lab/fleet-[0-9][0-9] "$FLEET_DIR/facts"
+  # the mirrors are the main lab's too: stopped only when no lab host uses them
+  [[ -n "$(docker ps -q --filter name=gpufleet-lab- 2>/dev/null)" ]] || services_down
+}
+
+fleet_up() {
+  local n=""
+  while (($#)); do
+    case "$1" in
+      --hosts) n=${2:-}; shift 2 || die "--hosts needs a number" ;;
+      --hosts=*) n=${1#--hosts=}; shift ;;
+      *) die "fleet-up: unknown argument $1 (usage: scripts/lab.sh fleet-up --hosts N)" ;;
+    esac
+  done
+  [[ "$n" =~ ^[0-9]+$ ]] || die "usage: scripts/lab.sh fleet-up --hosts N"
+  bash scripts/setup.sh
+  build_fleet_image
+  images
+  services_up
+  python3 lab/fleet.py --hosts "$n" --dir "$FLEET_DIR" >/dev/null
+  # hosts of an earlier, larger fleet
+  local keep c
+  keep=$(python3 -c 'import sys, yaml; print(" ".join(yaml.safe_load(open(sys.argv[1]))["all"]["children"]["fleet_hosts"]["children"]["gpu_hosts"]["hosts"]))' "$FLEET_INVENTORY")
+  for c in $(docker ps -a --format '{{.Names}}' --filter "name=^${FLEET_PREFIX}fleet-[0-9]+\$"); do
+    [[ " $keep " == *" ${c#"$FLEET_PREFIX"} "* ]] || { docker rm -f "$c" >/dev/null; rm -rf "/var/lib/gpufleet-lab/${c#"$FLEET_PREFIX"}"; }
+  done
+  ansible-playbook -i "$FLEET_INVENTORY" playbooks/lab.yml -e lab_container_prefix="$FLEET_PREFIX" -e lab_image="$FLEET_IMAGE"
+  # every host answers over SSH (sshd starts with the host's systemd)
+  ansible all -i "$FLEET_INVENTORY" -m ansible.builtin.wait_for_connection -a timeout=120 >/dev/null
+  log "fleet lab: $n hosts up, inventory $FLEET_INVENTORY (scripts/lab.sh fleet-run, fleet-down)"
+}
+
 case "${1:-}" in
   images) bash scripts/setup.sh; images ;;
   up) up ;;
@@ -83,5 +136,12 @@ case "${1:-}" in
     ansible-playbook -i "$INVENTORY" playbooks/lab.yml -e lab_state=absent
     services_down
     ;;
-  *) die "usage: scripts/lab.sh run|up|down|images" ;;
+  fleet-up) shift; fleet_env; fleet_up "$@" ;;
+  fleet-run)
+    shift; fleet_env
+    [[ -f "$FLEET_INVENTORY" ]] || die "no fleet lab: scripts/lab.sh fleet-up --hosts N first"
+    ansible-playbook -i "$FLEET_INVENTORY" site.yml "$@"
+    ;;
+  fleet-down) fleet_down ;;
+  *) die "usage: scripts/lab.sh run|up|down|images|fleet-up --hosts N|fleet-run|fleet-down" ;;
 esac

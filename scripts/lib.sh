@@ -60,6 +60,24 @@ build_base_image() {
   log "image: built $tag"
 }
 
+# The fleet lab's host image (scripts/lab.sh fleet-up): the base image above plus sshd
+# and a login user (lab/base/fleet-ssh.Dockerfile). Tagged by the hash of the base
+# image's recipe and that file, so it is rebuilt only when one of them changes.
+FLEET_IMAGE=gpufleet/debian-ssh:12
+build_fleet_image() {
+  local hash tag
+  build_base_image
+  hash=$( { echo "$BASE_IMAGE_PACKAGES"; cat "$ROOT/lab/base/setup-rootfs.sh" "$ROOT/lab/base/fleet-ssh.Dockerfile"; } \
+          | sha256sum | cut -c1-12)
+  tag="$FLEET_IMAGE-$hash"
+  if ! image_exists "$tag"; then
+    log "image: building $tag (openssh-server from Debian's mirror)"
+    docker build -q --network host -t "$tag" --label "org.gpufleet.recipe=$hash" -f "$ROOT/lab/base/fleet-ssh.Dockerfile" \
+      "$ROOT/lab/base" >/dev/null
+  fi
+  docker tag "$tag" "$FLEET_IMAGE"
+}
+
 # `molecule test -s SCENARIO`, failing unless Molecule's own summary says the scenario ran
 # and succeeded ("Molecule executed 1 scenario (1 successful)"): a scenario whose steps
 # were skipped or whose playbooks are missing ends "(1 skipped)" / "(1 missing)" and

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Benchmark (not part of the test run): what a site.yml run costs per host as the fleet
+grows, against Ansible's own fact gathering on the same hosts.
+
+For each fleet size, on a fresh fleet lab (scripts/lab.sh fleet-up --hosts N: lab hosts
+of lab/profiles.yml reached over SSH, driver, container runtime and the tiny model, no
+model served: vllm_server_models is empty, so the serving play plans and starts nothing):
+
+  first    site.yml on the fresh hosts (every host must end with failed=0, unreachable=0)
+  no-op    site.yml again: nothing to do (changed=0 on every host, else it is reported)
+  setup    `ansible all -m setup` on the same hosts (bare fact gathering)
+
+each timed (wall) with the control node's CPU: user + system time of the ansible process
+and of every process it waited for (os.wait4's rusage: its forks, the ssh clients; not
+the ControlPersist masters ssh leaves in the background), in all and per host; and the
+ratios no-op / setup.
+
+    .venv/bin/python tests/bench/bench_fleet.py [--hosts 3,10,25] [--keep]
+
+Prints one table with every size side by side. Run it on an idle machine: the numbers are
+this machine's CPU. Logs of every run are kept in .cache/fleet/bench/. Exit status 1 when
+a run fails or the no-op run changed something. The fleet is removed at the end (--keep
+keeps the last one).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FLEET = ROOT / ".cache" / "fleet"
+INVENTORY = FLEET / "hosts.yml"
+LOGS = FLEET / "bench"
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RECAP_LINE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$")
+
+
+def parse_recap(text):
+    """{host: {ok, changed, unreachable, failed, skipped, rescued, ignored}} from the
+    last PLAY RECAP of an ansible-playbook output (colour codes allowed)."""
+    lines = _ANSI.sub("", text).splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("PLAY RECAP")]
+    if not starts:
+        raise ValueError("no PLAY RECAP in the output")
+    recap = {}
+    for line in lines[starts[-1] + 1:]:
+        m = _RECAP_LINE.match(line.strip())
+        if not m:
+            if recap:
+                break
+            continue
+        recap[m.group(1)] = {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}
+    if not recap:
+        raise ValueError("an empty PLAY RECAP")
+    return recap
+
+
+def check_recap(recap, hosts, expect_no_change=False):
+    """Problems with a run's recap: a fleet host missing, failed or unreachable, or (no-op
+    run) changed. localhost (the summary play) counts too."""
+    problems = [f"{h}: not in the recap" for h in hosts if h not in recap]
+    for host, c in sorted(recap.items()):
+        if c.get("failed", 0) or c.get("unreachable", 0):
+            problems.append(f"{host}: failed={c.get('failed', 0)} unreachable={c.get('unreachable', 0)}")
+        if expect_no_change and c.get("changed", 0):
+            problems.append(f"{host}: changed={c['changed']}")
+    return problems
+
+
+def parse_sizes(text):
+    """'3,10,25' -> [3, 10, 25]."""
+    sizes = [int(s) for s in text.split(",") if s.strip()]
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"--hosts wants sizes such as 3,10,25, got {text!r}")
+    return sizes
+
+
+def measured(cmd, log, env):
+    """(wall seconds, control-node CPU seconds, exit status) of cmd, its output in log."""
+    with open(log, "w") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        _, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, ru.ru_utime + ru.ru_stime, proc.returncode
+
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def table(rows):
+    """Markdown table, one row per fleet size (rows: dicts from main)."""
+    head = ["hosts", "first: wall s", "first: CPU s", "no-op: wall s", "no-op: CPU s", "no-op changed",
+            "setup: wall s", "setup: CPU s", "no-op / host: wall s", "no-op / host: CPU s",
+            "setup / host: CPU s", "no-op / setup: wall", "no-op / setup: CPU"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        n = r["hosts"]
+        cells = [str(n), f"{r['first'][0]:.1f}", f"{r['first'][1]:.1f}", f"{r['noop'][0]:.1f}",
+                 f"{r['noop'][1]:.1f}", str(r["noop_changed"]), f"{r['setup'][0]:.2f}", f"{r['setup'][1]:.2f}",
+                 f"{r['noop'][0] / n:.2f}", f"{r['noop'][1] / n:.2f}", f"{r['setup'][1] / n:.3f}",
+                 f"{ratio(r['noop'][0], r['setup'][0]):.1f}x", f"{ratio(r['noop'][1], r['setup'][1]):.1f}x"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def lab(*args):
+    subprocess.run(["bash", "scripts/lab.sh", *args], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL if args[0] == "fleet-down" else None)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", default="3,10,25", help="fleet sizes, comma-separated")
+    ap.add_argument("--keep", action="store_true", help="leave the last fleet up")
+    args = ap.parse_args(argv)
+    try:
+        sizes = parse_sizes(args.hosts)
+    except ValueError as e:
+        ap.error(str(e))
+
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(FLEET / "facts"),
+               PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}")
+    playbook = ["ansible-playbook", "-i", str(INVENTORY), "site.yml"]
+    setup = ["ansible", "all", "-i", str(INVENTORY), "-m", "ansible.builtin.setup"]
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rows, failures = [], []
+    try:
+        for n in sizes:
+            lab("fleet-down")
+            t0 = time.perf_counter()
+            lab("fleet-up", "--hosts", str(n))
+            up = time.perf_counter() - t0
+            LOGS.mkdir(parents=True, exist_ok=True)
+            hosts = [f"fleet-{i:02d}" for i in range(1, n + 1)]
+            row = {"hosts": n, "up": up}
+            for key, cmd, no_change in (("first", playbook, False), ("noop", playbook, True),
+                                        ("setup", setup, False)):
+                log = LOGS / f"{n:02d}-{key}.log"
+                print(f"[bench] {n} hosts: {key} ...", flush=True)
+                wall, cpu, rc = measured(cmd, log, env)
+                row[key] = (wall, cpu)
+                print(f"[bench] {n} hosts: {key}: {wall:.1f} s wall, {cpu:.1f} s CPU, exit {rc} ({log})", flush=True)
+                if key == "setup":
+                    if rc:
+                        failures.append(f"{n} hosts, setup: exit {rc} ({log})")
+                    continue
+                recap = parse_recap(log.read_text())
+                problems = check_recap(recap, hosts, expect_no_change=no_change)
+                if key == "noop":
+                    row["noop_changed"] = sum(c.get("changed", 0) for c in recap.values())
+                if rc or problems:
+                    failures.append(f"{n} hosts, {key}: exit {rc}; " + "; ".join(problems))
+            rows.append(row)
+            print(f"[bench] {n} hosts: fleet-up {up:.0f} s", flush=True)
+    finally:
+        if not args.keep:
+            lab("fleet-down")
+
+    print(f"\nbench_fleet.py --hosts {args.hosts}, {started:%Y-%m-%d %H:%M} UTC, "
+          f"{os.cpu_count()} CPUs, forks from ansible.cfg\n")
+    print(table(rows))
+    for f in failures:
+        print(f"FAILED: {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
