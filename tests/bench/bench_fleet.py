@@ -163,6 +163,8 @@ def main(argv=None):
                     failures.append(f"{n} hosts, {key}: exit {rc}; " + "; ".join(problems))
             rows.append(row)
             print(f"[bench] {n} hosts: fleet-up {up:.0f} s", flush=True)
+            # the table so far: a run stopped at a larger size keeps the smaller ones
+            print(table(rows), flush=True)
     finally:
         if not args.keep:
             lab("fleet-down")
