@@ -57,6 +57,11 @@ LAB_FILES = ("test_upgrade_under_load.py", "test_benchmark.py")
 
 
 def pytest_collection_modifyitems(items):
+    # marker `lab` on every test of those files: scripts/test.sh runs the other slow tests
+    # beside Molecule (-m "slow and not lab"), then these alone (-m "slow and lab")
+    for item in items:
+        if item.path.name in LAB_FILES:
+            item.add_marker(pytest.mark.lab)
     rank = {name: i for i, name in enumerate(LAB_FILES)}
     order = sorted(range(len(items)), key=lambda i: (rank.get(items[i].path.name, -1), i))
     items[:] = [items[i] for i in order]
