@@ -93,6 +93,9 @@ stage "molecule: every scenario, then ${AFTER_MOLECULE[*]} (beside the slow test
 scenarios=$(find molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -r -n1 basename | sort | grep -vx vllm_server)
 [[ -n "$scenarios" ]] || die "no Molecule scenario found under molecule/"
 [[ -f tests/slow/test_vllm_server_molecule.py ]] || die "nothing runs the vllm_server scenario"
+# The apt stand-in (127.0.0.1:8081) that the host-stack tests of both lanes install from is
+# started here, once: two lanes starting it in the same second would race for its port.
+bash lab/apt/serve.sh
 molecule_log="$ROOT/.cache/test-logs/molecule.log"
 # its own process group (setsid), stopped with the run when a stage fails (on_exit)
 setsid bash -c 'set -euo pipefail; . scripts/lib.sh; for s in $1; do
