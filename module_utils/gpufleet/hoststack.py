@@ -538,6 +538,46 @@ def _installed_version(installed, name):
     return entry.get("version") if isinstance(entry, dict) else str(entry)
 
 
+
+def missing_packages(installed, wanted):
+    """The entries of `wanted` that `installed` does not satisfy, in their order.
+
+    installed: ansible_facts.packages (name -> [{"version": ...}]). wanted: apt names as
+    the roles give them to ansible.builtin.apt, "name" (any version) or "name=version"
+    (exactly that version, epoch included as apt writes it). An empty answer means an
+    apt install of `wanted` with state present would change nothing, so a role may skip
+    it; a removed package or another version installed is in the answer (drift).
+    """
+    missing = []
+    for entry in wanted or []:
+        name, sep, version = str(entry).partition("=")
+        entries = (installed or {}).get(name) or []
+        versions = [e.get("version") if hasattr(e, "get") else str(e) for e in entries]
+        if not versions or (sep and version not in versions):
+            missing.append(entry)
+    return missing
+
+
+def packages_to_hold(dpkg_query_lines, names):
+    """The names of `names` that are installed but not held, in their order.
+
+    dpkg_query_lines: the output lines of `dpkg-query --show --showformat='${Package}
+    ${db:Status-Want} ${db:Status-Status}\n' NAME...` (one line per package dpkg knows;
+    a name it does not know has no line). A package not installed (no line, or status
+    not-installed / config-files) cannot be held, so it is not in the answer; one whose
+    selection is already hold is not either. What is left is what dpkg_selections must
+    set: a hold removed by hand is in the answer (drift).
+    """
+    state = {}
+    for line in dpkg_query_lines or []:
+        fields = line.split()
+        if len(fields) == 3:
+            state[fields[0]] = (fields[1], fields[2])
+    return [n for n in names or []
+            if n in state and state[n][1] not in ("not-installed", "config-files")
+            and state[n][0] != "hold"]
+
+
 _DRIVER_META_RE = re.compile(
     r"^(nvidia-open|cuda-drivers|nvidia-fabricmanager|nvidia-driver-pinning)(-\d+)?$")
 

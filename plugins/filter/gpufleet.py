@@ -66,6 +66,23 @@ def reachable_target(bind_address, port, host_address="", advertised=""):
     return serve.target(serve.reachable_address(bind_address, advertised, host_address), port)
 
 
+def missing_packages(wanted, installed):
+    """gpufleet.hoststack.missing_packages: the apt names (name or name=version) of
+    `wanted` that ansible_facts.packages does not show installed at that version
+    (`wanted | gpufleet_missing_packages(ansible_facts.packages)`)."""
+    from gpufleet import hoststack
+
+    return hoststack.missing_packages(installed, wanted)
+
+
+def packages_to_hold(dpkg_query_lines, names):
+    """gpufleet.hoststack.packages_to_hold: the installed names not yet held, from
+    dpkg-query's `${Package} ${db:Status-Want} ${db:Status-Status}` lines."""
+    from gpufleet import hoststack
+
+    return hoststack.packages_to_hold(dpkg_query_lines, names)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -83,4 +100,6 @@ class FilterModule:
             "gpufleet_local_url": serve.local_url,
             "gpufleet_target": serve.target,
             "gpufleet_reachable_target": reachable_target,
+            "gpufleet_missing_packages": missing_packages,
+            "gpufleet_packages_to_hold": packages_to_hold,
         }
