@@ -530,13 +530,16 @@ def resolve_driver_version(branch, requested, installed, available, upgrade=Fals
     return ordered[-1]
 
 
-def _installed_version(installed, name):
-    entries = (installed or {}).get(name) or []
-    if not entries:
-        return None
-    entry = entries[0]
-    return entry.get("version") if isinstance(entry, dict) else str(entry)
+def _installed_versions(installed, name):
+    """Every installed version of `name` in ansible_facts.packages (name -> entries, each a
+    dict with "version" or a plain version string), in the facts' order."""
+    return [e.get("version") if isinstance(e, dict) else str(e)
+            for e in (installed or {}).get(name) or []]
 
+
+def _installed_version(installed, name):
+    versions = _installed_versions(installed, name)
+    return versions[0] if versions else None
 
 
 def missing_packages(installed, wanted):
@@ -551,8 +554,7 @@ def missing_packages(installed, wanted):
     missing = []
     for entry in wanted or []:
         name, sep, version = str(entry).partition("=")
-        entries = (installed or {}).get(name) or []
-        versions = [e.get("version") if hasattr(e, "get") else str(e) for e in entries]
+        versions = _installed_versions(installed, name)
         if not versions or (sep and version not in versions):
             missing.append(entry)
     return missing
