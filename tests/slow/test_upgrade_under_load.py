@@ -138,6 +138,10 @@ def test_lab_run_serves_through_the_gateway(lab):
     assert re.search(r"gateway lab-gw http://127\.0\.0\.1:19000 -> " + re.escape(CHAT)
                      + r" \(lab-a10g, lab-h200\): \S", out), out[-3000:]
     assert key() not in out
+    # vllm_server started the three hosts' containers side by side (one include for all
+    # of them), not one host after another
+    assert re.search(r"included: \S+/roles/vllm_server/tasks/instance\.yml for "
+                     r"lab-\S+, lab-\S+, lab-\S+ => \(item=slot 0\)", out), out[-3000:]
     # nor in the fact cache the run wrote (ansible.cfg: jsonfile under .cache/facts)
     cached = [f for f in (ROOT / ".cache/facts").iterdir() if f.is_file()]
     assert any(f.name.endswith("lab-h200") for f in cached), cached
