@@ -6,8 +6,9 @@
 #   scripts/lab.sh down     remove the lab hosts and stop the loopback services
 #   scripts/lab.sh images   build (or reuse, by content hash) the lab's images and models
 #
+# Both labs' hosts are reached over SSH (a key made for the lab, sudo), as real fleets are.
 # The fleet lab, apart from the lab above (its own containers, gpufleet-fleet-NN, its own
-# inventory, .cache/fleet/hosts.yml, written by lab/fleet.py), reached over SSH:
+# inventory, .cache/fleet/hosts.yml, written by lab/fleet.py):
 #   scripts/lab.sh fleet-up --hosts N   N lightweight hosts of the lab's profiles (driver,
 #                                       container runtime, the tiny model; nothing served)
 #   scripts/lab.sh fleet-run [ARGS]     site.yml on them (ARGS go to ansible-playbook)
@@ -47,9 +48,10 @@ services_down() {
 
 up() {
   bash scripts/setup.sh
+  build_lab_host_image
   images
   services_up
-  ansible-playbook -i "$INVENTORY" playbooks/lab.yml
+  ansible-playbook -i "$INVENTORY" playbooks/lab.yml -e lab_image="$LAB_HOST_IMAGE"
 }
 
 # site.yml on the lab. Hosts that preflight refuses on purpose (lab_expected_refusal in
@@ -109,7 +111,7 @@ fleet_up() {
   done
   [[ "$n" =~ ^[0-9]+$ ]] || die "usage: scripts/lab.sh fleet-up --hosts N"
   bash scripts/setup.sh
-  build_fleet_image
+  build_lab_host_image
   images
   services_up
   python3 lab/fleet.py --hosts "$n" --dir "$FLEET_DIR" >/dev/null
@@ -119,7 +121,7 @@ fleet_up() {
   for c in $(docker ps -a --format '{{.Names}}' --filter "name=^${FLEET_PREFIX}fleet-[0-9]+\$"); do
     [[ " $keep " == *" ${c#"$FLEET_PREFIX"} "* ]] || { docker rm -f "$c" >/dev/null; rm -rf "/var/lib/gpufleet-lab/${c#"$FLEET_PREFIX"}"; }
   done
-  ansible-playbook -i "$FLEET_INVENTORY" playbooks/lab.yml -e lab_container_prefix="$FLEET_PREFIX" -e lab_image="$FLEET_IMAGE"
+  ansible-playbook -i "$FLEET_INVENTORY" playbooks/lab.yml -e lab_container_prefix="$FLEET_PREFIX" -e lab_image="$LAB_HOST_IMAGE"
   # every host answers over SSH (sshd starts with the host's systemd)
   ansible all -i "$FLEET_INVENTORY" -m ansible.builtin.wait_for_connection -a timeout=120 >/dev/null
   log "fleet lab: $n hosts up, inventory $FLEET_INVENTORY (scripts/lab.sh fleet-run, fleet-down)"

@@ -60,22 +60,23 @@ build_base_image() {
   log "image: built $tag"
 }
 
-# The fleet lab's host image (scripts/lab.sh fleet-up): the base image above plus sshd
-# and a login user (lab/base/fleet-ssh.Dockerfile). Tagged by the hash of the base
-# image's recipe and that file, so it is rebuilt only when one of them changes.
-FLEET_IMAGE=gpufleet/debian-ssh:12
-build_fleet_image() {
+# The lab hosts' image (scripts/lab.sh up and fleet-up): the base image above plus sshd
+# and a login user (lab/base/host-ssh.Dockerfile), so the lab is reached over SSH as real
+# fleets are. Tagged by the hash of the base image's recipe and that file, so it is
+# rebuilt only when one of them changes.
+LAB_HOST_IMAGE=gpufleet/debian-ssh:12
+build_lab_host_image() {
   local hash tag
   build_base_image
-  hash=$( { echo "$BASE_IMAGE_PACKAGES"; cat "$ROOT/lab/base/setup-rootfs.sh" "$ROOT/lab/base/fleet-ssh.Dockerfile"; } \
+  hash=$( { echo "$BASE_IMAGE_PACKAGES"; cat "$ROOT/lab/base/setup-rootfs.sh" "$ROOT/lab/base/host-ssh.Dockerfile"; } \
           | sha256sum | cut -c1-12)
-  tag="$FLEET_IMAGE-$hash"
+  tag="$LAB_HOST_IMAGE-$hash"
   if ! image_exists "$tag"; then
     log "image: building $tag (openssh-server from Debian's mirror)"
-    docker build -q --network host -t "$tag" --label "org.gpufleet.recipe=$hash" -f "$ROOT/lab/base/fleet-ssh.Dockerfile" \
+    docker build -q --network host -t "$tag" --label "org.gpufleet.recipe=$hash" -f "$ROOT/lab/base/host-ssh.Dockerfile" \
       "$ROOT/lab/base" >/dev/null
   fi
-  docker tag "$tag" "$FLEET_IMAGE"
+  docker tag "$tag" "$LAB_HOST_IMAGE"
 }
 
 # `molecule test -s SCENARIO`, failing unless Molecule's own summary says the scenario ran

@@ -3,7 +3,6 @@ the lab key, the link to its settings) and tests/bench/bench_fleet.py (the recap
 the sizes it takes)."""
 import importlib.util
 import os
-import stat
 import sys
 
 import pytest
@@ -49,25 +48,16 @@ def test_inventory_puts_every_host_in_gpu_hosts_under_fleet_hosts():
     assert set(inv["all"]["children"]) == {"fleet_hosts"}
 
 
-def test_sshd_listens_on_its_port_on_loopback_only():
-    assert fleet.sshd_conf(2207).splitlines()[1:] == ["Port 2207", "ListenAddress 127.0.0.1"]
-
-
-def test_write_makes_the_inventory_key_and_settings_link(tmp_path):
+def test_write_makes_the_inventory_and_settings_link(tmp_path):
     out = tmp_path / "fleet"
     inv = fleet.write(out, fleet.fleet_hosts(4, PROFILES))
     assert yaml.safe_load(inv.read_text()) == fleet.inventory(fleet.fleet_hosts(4, PROFILES))
-    key = out / "id_ed25519"
-    assert stat.S_IMODE(key.stat().st_mode) == 0o600
-    assert (out / "id_ed25519.pub").read_text().startswith("ssh-ed25519 ")
     assert (out / "group_vars").is_symlink()
     assert (out / "group_vars").resolve() == fleet.GROUP_VARS.resolve()
-    assert (out / "hosts" / "fleet-04" / "sshd.conf").read_text() == fleet.sshd_conf(2204)
-    # a smaller fleet: the key is kept, the hosts it no longer has are gone
-    before = key.read_bytes()
+    # rewritten for a smaller fleet
     fleet.write(out, fleet.fleet_hosts(2, PROFILES))
-    assert key.read_bytes() == before
-    assert sorted(p.name for p in (out / "hosts").iterdir()) == ["fleet-01", "fleet-02"]
+    assert set(yaml.safe_load(inv.read_text())["all"]["children"]["fleet_hosts"]["children"]
+               ["gpu_hosts"]["hosts"]) == {"fleet-01", "fleet-02"}
 
 
 def test_the_fleet_settings_are_the_main_labs_own_file():
@@ -75,10 +65,34 @@ def test_the_fleet_settings_are_the_main_labs_own_file():
     assert shared.is_symlink()
     assert shared.resolve() == (ROOT / "inventories" / "lab" / "group_vars" / "gpu_hosts" / "main.yml").resolve()
     own = yaml.safe_load((ROOT / "inventories" / "lab_fleet" / "group_vars" / "fleet_hosts" / "main.yml").read_text())
-    assert own["ansible_connection"] == "ssh" and own["vllm_server_models"] == []
-    # the main lab keeps the Docker connection
-    main = yaml.safe_load((ROOT / "inventories" / "lab" / "group_vars" / "lab_hosts" / "connection.yml").read_text())
-    assert main["ansible_connection"] == "community.docker.docker"
+    assert own["vllm_server_models"] == [] and "ansible_connection" not in own
+    # both labs are reached over SSH, through the main lab's one connection file
+    connection = ROOT / "inventories" / "lab_fleet" / "group_vars" / "fleet_hosts" / "connection.yml"
+    main = ROOT / "inventories" / "lab" / "group_vars" / "lab_hosts" / "connection.yml"
+    assert connection.is_symlink() and connection.resolve() == main.resolve()
+    settings = yaml.safe_load(main.read_text())
+    assert settings["ansible_connection"] == "ssh" and settings["ansible_user"] == "gpufleet"
+    # the key: .cache/lab/id_ed25519, from both inventories (two folders below the checkout)
+    for inv_dir in (ROOT / "inventories" / "lab", ROOT / ".cache" / "fleet"):
+        path = settings["ansible_ssh_private_key_file"].replace("{{ inventory_dir }}", str(inv_dir))
+        assert os.path.normpath(path) == str(ROOT / ".cache" / "lab" / "id_ed25519"), path
+
+
+def test_every_main_lab_host_has_its_own_sshd_port():
+    inv = yaml.safe_load((ROOT / "inventories" / "lab" / "hosts.yml").read_text())
+    ports = {}
+
+    def walk(group):
+        for name, hv in (group.get("hosts") or {}).items():
+            if hv and "ansible_port" in hv:
+                ports[name] = hv["ansible_port"]
+        for child in (group.get("children") or {}).values():
+            walk(child or {})
+    walk(inv["all"])
+    assert set(ports) == {"lab-h200", "lab-4090", "lab-a100", "lab-a10g", "lab-gw"}, ports
+    assert len(set(ports.values())) == len(ports), ports
+    # apart from the fleet lab's ports (2201..2299)
+    assert all(not 2200 < p < 2300 for p in ports.values()), ports
 
 
 RECAP = """\

@@ -1,7 +1,8 @@
-# The fleet lab's hosts (scripts/lab.sh fleet-up): the lab's base image
-# (gpufleet/debian:12, lab/base/setup-rootfs.sh) plus sshd and the user Ansible logs in
-# as, so the fleet is reached over SSH (pipelining, ControlPersist, become through sudo)
-# as real fleets are. Built by scripts/lib.sh build_fleet_image, tagged by the hash of
+# The lab's hosts (scripts/lab.sh up, and fleet-up for the fleet lab): the lab's base
+# image (gpufleet/debian:12, lab/base/setup-rootfs.sh) plus sshd and the user Ansible
+# logs in as, so the lab is reached over SSH (pipelining, ControlPersist, become through
+# sudo) as real fleets are. Each host's sshd port and the lab's key are mounted by
+# playbooks/lab.yml. Built by scripts/lib.sh build_lab_host_image, tagged by the hash of
 # the base image's recipe and this file.
 ARG BASE=gpufleet/debian:12
 FROM ${BASE}
