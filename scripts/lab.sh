@@ -5,6 +5,7 @@
 #   scripts/lab.sh up       set up and start the lab hosts and the loopback services
 #   scripts/lab.sh down     remove the lab hosts and stop the loopback services
 #   scripts/lab.sh images   build (or reuse, by content hash) the lab's images and models
+#                           (the hosts' image, the stand-in repositories, the models, vLLM)
 #
 # Both labs' hosts are reached over SSH (a key made for the lab, sudo), as real fleets are.
 # The fleet lab, apart from the lab above (its own containers, gpufleet-fleet-NN, its own
@@ -27,6 +28,7 @@ INVENTORY="$ROOT/inventories/lab/hosts.yml"
 run_if() { [[ -x "$1" || -f "$1" ]] && bash "$@" || true; }
 
 images() {
+  build_lab_host_image
   run_if lab/apt/build.sh
   run_if lab/models/build.sh
   run_if lab/vllm/build.sh
@@ -48,7 +50,6 @@ services_down() {
 
 up() {
   bash scripts/setup.sh
-  build_lab_host_image
   images
   services_up
   ansible-playbook -i "$INVENTORY" playbooks/lab.yml -e lab_image="$LAB_HOST_IMAGE"
@@ -111,7 +112,6 @@ fleet_up() {
   done
   [[ "$n" =~ ^[0-9]+$ ]] || die "usage: scripts/lab.sh fleet-up --hosts N"
   bash scripts/setup.sh
-  build_lab_host_image
   images
   services_up
   python3 lab/fleet.py --hosts "$n" --dir "$FLEET_DIR" >/dev/null
