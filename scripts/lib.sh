@@ -101,3 +101,13 @@ molecule_test() {
   fi
   rm -f "$out" "$out.plain"
 }
+
+# molecule_test for each scenario named, in turn, each announced with the time it starts;
+# the first failure ends the shell (die), as molecule_test does.
+molecule_tests() {
+  local s
+  for s in "$@"; do
+    log "== molecule test -s $s (at $(date -u +%H:%M:%S))"
+    molecule_test "$s"
+  done
+}

@@ -1,5 +1,5 @@
 """Tests of the fleet lab's plain logic: lab/fleet.py (the generated inventory, sshd ports,
-the lab key, the link to its settings) and tests/bench/bench_fleet.py (the recap it reads,
+the link to its settings, the one connection file of both labs) and tests/bench/bench_fleet.py (the recap it reads,
 the sizes it takes)."""
 import importlib.util
 import os
