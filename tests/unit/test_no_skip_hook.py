@@ -112,5 +112,11 @@ def test_molecule_test_fails_when_molecule_fails(tmp_path):
 
 
 def test_scripts_test_sh_runs_every_scenario_through_molecule_test():
+    # scripts/test.sh runs its scenarios through lib.sh's molecule_tests, which runs each
+    # through molecule_test (the summary check), never plain `molecule test`
     text = (ROOT / "scripts" / "test.sh").read_text()
-    assert 'molecule_test "$s"' in text and 'molecule test -s "$s"' not in text
+    lib = (ROOT / "scripts" / "lib.sh").read_text()
+    helper = lib[lib.index("molecule_tests() {"):]
+    helper = helper[:helper.index("\n}\n")]
+    assert 'molecule_test "$s"' in helper and 'molecule test -s "$s"' not in text + helper
+    assert "molecule_tests $1" in text and 'molecule_tests "${BESIDE_SCENARIOS[@]}"' in text
