@@ -53,6 +53,13 @@ POOLING_SUFFIXES = ("Model", "ForSequenceClassification", "ForTokenClassificatio
 # cache (kv_cache_interface.py: max_memory_usage_bytes returns 0).
 ENCODER_ONLY_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "nomic_bert", "modernbert",
                             "new", "gte"}
+# Decoder families whose vLLM 0.32.0 decoder layer reads config.is_causal and, when it
+# is false, builds EncoderOnlyAttention (bidirectional, no KV cache) instead of
+# Attention: llama.py:277-283 (LlamaDecoderLayer, which mistral.py:144-156 and
+# phi3.py:10 reuse), qwen2.py:254-260, qwen3.py:194-200, gemma3.py:165-168. Embedding
+# models built on them say so in config.json (Alibaba-NLP/gte-Qwen2-7B-instruct:
+# "is_causal": false).
+IS_CAUSAL_MODEL_TYPES = {"llama", "mistral", "phi3", "qwen2", "qwen3", "gemma3_text"}
 # model_types whose KV layout gpufleet has checked: decoder families whose vLLM model
 # files build a standard Attention layer from num_key_value_heads / head_dim, the MLA
 # families (kv_lora_rank), families described by `layer_types`, and encoder-only
@@ -87,6 +94,11 @@ KNOWN_MODEL_TYPES = {
     # ChatGLMConfig, transformers_utils/configs/chatglm.py): num_layers,
     # multi_query_group_num KV heads when multi_query_attention, seq_length.
     "chatglm",
+    # Phi-3.5-MoE (PhiMoEForCausalLM, vLLM 0.32.0 phimoe.py on transformers 5.19's
+    # PhimoeConfig): num_key_value_heads, head_dim or hidden_size // heads, and no
+    # per-layer window, so every layer takes the config's sliding_window
+    # (CacheConfig.sliding_window: PhimoeConfig writes no layer_types).
+    "phimoe",
 } | ENCODER_ONLY_MODEL_TYPES
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:
@@ -620,7 +632,18 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
 
     st_files = bool(sentence_transformers)
     kind, native_pooling = _pooling_kind(architectures, model_type, st_files)
-    encoder_only = model_type in ENCODER_ONLY_MODEL_TYPES
+    encoder_only = model_type in ENCODER_ONLY_MODEL_TYPES or (
+        text.get("is_causal") is False and model_type in IS_CAUSAL_MODEL_TYPES)
+    if encoder_only and kind == "generative":
+        # vLLM picks the runner from the architecture and the sentence-transformers
+        # files, not from is_causal (config/model.py _get_default_runner_type), so it
+        # would generate with layers that keep no KV cache.
+        raise UnsupportedModelError(
+            f"{source}: is_causal is false, so vLLM builds {model_type}'s layers as "
+            "encoder-only (bidirectional) attention, which keeps no KV cache: an "
+            "embedding model, which vLLM serves as one only from a folder with its "
+            "sentence-transformers files (modules.json) or with --runner pooling. "
+            "gpufleet's tuner does not plan it as a generative model.")
     if v4 is not None:
         # Every layer keeps a sliding-window cache; 1/4 and 1/128 layers also a
         # compressed one (gpufleet.deepseek_v4).
