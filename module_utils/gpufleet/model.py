@@ -99,6 +99,11 @@ KNOWN_MODEL_TYPES = {
     # per-layer window, so every layer takes the config's sliding_window
     # (CacheConfig.sliding_window: PhimoeConfig writes no layer_types).
     "phimoe",
+    # InternLM2 / InternLM2.5 (InternLM2ForCausalLM, internlm2.py, read in vLLM 0.32.0
+    # and at main 073c510c9): num_key_value_heads KV heads of hidden_size // num_attention_heads
+    # (no head_dim is read), no sliding window. Its config class is the checkpoint's
+    # remote code, but every attribute internlm2.py reads is in config.json itself.
+    "internlm2",
 } | ENCODER_ONLY_MODEL_TYPES
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:
