@@ -134,10 +134,10 @@ cat "$molecule_log"
 ((slow_rc == 0)) || die "slow tests without the lab failed (exit $slow_rc); their output is above Molecule's"
 
 stage "pytest: slow tests on the lab (the whole lab, alone)"
-# The rolling upgrades (b), (c), (e) and the no-op run (marker lab_upgrade) pass by hand
-# but would take CI past its 60 minutes on a 2-core machine (docs/upgrades.md, "Status");
-# the lab run, (a), (d) and playbooks/benchmark.yml on the same lab run here. Run them all
-# with
+# The rolling upgrades (b), (c) and (e) (marker lab_upgrade) pass by hand but would take
+# CI past its 60 minutes on a 2-core machine (docs/upgrades.md, "Status"); the lab run,
+# (a), the no-op upgrade, (d) and playbooks/benchmark.yml on the same lab run here. Run
+# them all with
 #   GPUFLEET_KEEP_LAB=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
 # -s: the load totals (requests sent and failed) are printed.
 pytest -q -s --durations=30 -m "slow and lab and not lab_upgrade" tests
