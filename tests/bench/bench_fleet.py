@@ -15,7 +15,12 @@ and of every process it waited for (os.wait4's rusage: its forks, the ssh client
 the ControlPersist masters ssh leaves in the background), in all and per host; and the
 ratios no-op / setup.
 
-    .venv/bin/python tests/bench/bench_fleet.py [--hosts 3,10,25] [--keep]
+    .venv/bin/python tests/bench/bench_fleet.py [--hosts 3,10,25] [--keep] [--mitogen]
+
+--mitogen also runs the no-op and setup with Mitogen's strategy (mitogen_linear), on the
+same hosts right after the plain ones, and prints its rows beside them: the alternative
+issue #12 asks to measure. Mitogen is not a dependency of gpufleet; install it into the
+venv first (`.venv/bin/pip install mitogen`).
 
 Prints one table with every size side by side. Run it on an idle machine: the numbers are
 this machine's CPU. Logs of every run are kept in .cache/fleet/bench/. Exit status 1 when
@@ -113,6 +118,38 @@ def table(rows):
     return "\n".join(out)
 
 
+def mitogen_table(rows):
+    """Markdown table: the no-op run and setup with the default strategy (linear) and with
+    Mitogen's, on the same hosts, and Mitogen's against linear (rows with --mitogen)."""
+    head = ["hosts", "strategy", "no-op: wall s", "no-op: CPU s", "no-op changed", "setup: wall s",
+            "setup: CPU s", "no-op / host: CPU s", "no-op / setup: wall", "no-op / setup: CPU",
+            "no-op vs linear: wall", "no-op vs linear: CPU"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "noop-mitogen" not in r:
+            continue
+        n = r["hosts"]
+        for name, noop, setup, changed in (("linear", r["noop"], r["setup"], r["noop_changed"]),
+                                           ("mitogen_linear", r["noop-mitogen"], r["setup-mitogen"],
+                                            r["noop-mitogen_changed"])):
+            cells = [str(n), name, f"{noop[0]:.1f}", f"{noop[1]:.1f}", str(changed), f"{setup[0]:.2f}",
+                     f"{setup[1]:.2f}", f"{noop[1] / n:.2f}", f"{ratio(noop[0], setup[0]):.1f}x",
+                     f"{ratio(noop[1], setup[1]):.1f}x", f"{ratio(noop[0], r['noop'][0]):.2f}x",
+                     f"{ratio(noop[1], r['noop'][1]):.2f}x"]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def mitogen_env(env):
+    """env with Mitogen's strategy plugin (ansible_mitogen, installed in this Python)."""
+    try:
+        import ansible_mitogen  # noqa: PLC0415 - optional, only for --mitogen
+    except ImportError as exc:
+        raise SystemExit("--mitogen needs Mitogen in this venv: .venv/bin/pip install mitogen") from exc
+    plugins = pathlib.Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
+    return dict(env, ANSIBLE_STRATEGY_PLUGINS=str(plugins), ANSIBLE_STRATEGY="mitogen_linear")
+
+
 def lab(*args):
     subprocess.run(["bash", "scripts/lab.sh", *args], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL if args[0] == "fleet-down" else None)
@@ -122,6 +159,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", default="3,10,25", help="fleet sizes, comma-separated")
     ap.add_argument("--keep", action="store_true", help="leave the last fleet up")
+    ap.add_argument("--mitogen", action="store_true",
+                    help="also time the no-op run and setup with Mitogen's mitogen_linear strategy")
     args = ap.parse_args(argv)
     try:
         sizes = parse_sizes(args.hosts)
@@ -133,6 +172,10 @@ def main(argv=None):
                PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}")
     playbook = ["ansible-playbook", "-i", str(INVENTORY), "site.yml"]
     setup = ["ansible", "all", "-i", str(INVENTORY), "-m", "ansible.builtin.setup"]
+    runs = [("first", playbook, False, env), ("noop", playbook, True, env), ("setup", setup, False, env)]
+    if args.mitogen:
+        menv = mitogen_env(env)
+        runs += [("noop-mitogen", playbook, True, menv), ("setup-mitogen", setup, False, menv)]
     started = datetime.datetime.now(datetime.timezone.utc)
     rows, failures = [], []
     try:
@@ -144,21 +187,20 @@ def main(argv=None):
             LOGS.mkdir(parents=True, exist_ok=True)
             hosts = [f"fleet-{i:02d}" for i in range(1, n + 1)]
             row = {"hosts": n, "up": up}
-            for key, cmd, no_change in (("first", playbook, False), ("noop", playbook, True),
-                                        ("setup", setup, False)):
+            for key, cmd, no_change, run_env in runs:
                 log = LOGS / f"{n:02d}-{key}.log"
                 print(f"[bench] {n} hosts: {key} ...", flush=True)
-                wall, cpu, rc = measured(cmd, log, env)
+                wall, cpu, rc = measured(cmd, log, run_env)
                 row[key] = (wall, cpu)
                 print(f"[bench] {n} hosts: {key}: {wall:.1f} s wall, {cpu:.1f} s CPU, exit {rc} ({log})", flush=True)
-                if key == "setup":
+                if key.startswith("setup"):
                     if rc:
                         failures.append(f"{n} hosts, setup: exit {rc} ({log})")
                     continue
                 recap = parse_recap(log.read_text())
                 problems = check_recap(recap, hosts, expect_no_change=no_change)
-                if key == "noop":
-                    row["noop_changed"] = sum(c.get("changed", 0) for c in recap.values())
+                if key.startswith("noop"):
+                    row[f"{key}_changed"] = sum(c.get("changed", 0) for c in recap.values())
                 if rc or problems:
                     failures.append(f"{n} hosts, {key}: exit {rc}; " + "; ".join(problems))
             rows.append(row)
@@ -172,6 +214,9 @@ def main(argv=None):
     print(f"\nbench_fleet.py --hosts {args.hosts}, {started:%Y-%m-%d %H:%M} UTC, "
           f"{os.cpu_count()} CPUs, forks from ansible.cfg\n")
     print(table(rows))
+    if args.mitogen:
+        print("\nThe same no-op run and setup with Mitogen's strategy:\n")
+        print(mitogen_table(rows))
     for f in failures:
         print(f"FAILED: {f}")
     return 1 if failures else 0
