@@ -49,6 +49,16 @@ def check_kv_bytes(desc, layers, kv_heads, head_size):
         assert layout["page_bytes"] == 16 * 2 * kv_heads * head_size * width
 
 
+def check_encoder_only(desc, architecture, model_type, layers_heads_head_size):
+    """A known, natively pooling encoder-only model: its name, kind and attention shape."""
+    assert desc["architectures"] == [architecture]
+    assert desc["model_type"] == model_type and desc["known_architecture"] is True
+    assert desc["kind"] == "pooling" and desc["native_pooling"] is True
+    assert desc["attention"] == "encoder_only"
+    assert (desc["num_layers"], desc["num_attention_heads"], desc["head_size"]) == \
+        layers_heads_head_size
+
+
 # --- families the tuner now describes ----------------------------------------------
 
 def test_phi3_medium_slides_every_layer_by_its_sliding_window():
@@ -682,11 +692,7 @@ def test_bge_m3_xlm_roberta_is_an_encoder_only_pooling_model(tmp_path):
     # EncoderOnlyAttentionSpec). 24 layers, 16 heads x 64; native pooling (CLS).
     cfg = load("bge-m3")
     desc = m.describe_config(cfg, weights_bytes=1)
-    assert desc["architectures"] == ["XLMRobertaModel"]
-    assert desc["model_type"] == "xlm-roberta" and desc["known_architecture"] is True
-    assert desc["kind"] == "pooling" and desc["native_pooling"] is True
-    assert desc["attention"] == "encoder_only"
-    assert (desc["num_layers"], desc["num_attention_heads"], desc["head_size"]) == (24, 16, 64)
+    check_encoder_only(desc, "XLMRobertaModel", "xlm-roberta", (24, 16, 64))
     assert desc["torch_dtype"] == "float32"
     layout = t.kv_layout(desc, tp=1, block_size=16)
     assert layout["per_token_layer_bytes"] == 0 and layout["groups"] == []

@@ -13,7 +13,7 @@ import pytest
 
 from gpufleet import model as m
 from gpufleet import tune as t
-from test_model_families import MODELS, check_kv_bytes, kinds, load
+from test_model_families import MODELS, check_encoder_only, check_kv_bytes, kinds, load
 
 
 # --- InternLM2 --------------------------------------------------------------------
@@ -79,11 +79,7 @@ def test_twitter_roberta_base_sentiment_is_an_encoder_only_classifier(tmp_path, 
     # pad_token_id + 1, vLLM still reads 514).
     cfg = load("twitter-roberta-base-sentiment")
     desc = m.describe_config(cfg, weights_bytes=1)
-    assert desc["architectures"] == ["RobertaForSequenceClassification"]
-    assert desc["model_type"] == "roberta" and desc["known_architecture"] is True
-    assert desc["kind"] == "pooling" and desc["native_pooling"] is True
-    assert desc["attention"] == "encoder_only"
-    assert (desc["num_layers"], desc["num_attention_heads"], desc["head_size"]) == (12, 12, 64)
+    check_encoder_only(desc, "RobertaForSequenceClassification", "roberta", (12, 12, 64))
     assert desc["max_position_embeddings"] == 514
     assert desc["torch_dtype_from_config"] is False  # the config names no dtype
     for kv_dtype in ("auto", "fp8"):
