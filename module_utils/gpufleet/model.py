@@ -109,6 +109,11 @@ KNOWN_MODEL_TYPES = {
 # requires) that change the KV layout when config.json leaves the field out:
 # MistralConfig.sliding_window is 4096, so a Mistral config without the key slides.
 CONFIG_DEFAULTS = {"mistral": {"sliding_window": 4096}}
+# The config fields vLLM reads the KV head count from, in its order (see describe_config),
+# and the model types its Falcon rule applies to.
+KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num",
+                "num_attention_groups")
+FALCON_MODEL_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
 # Gemma 2 and Gemma 3 configs on the Hub predate `layer_types`: transformers 5.19's
 # Gemma2Config / Gemma3TextConfig write it at load time (configuration_gemma2.py
 # __post_init__: every 2nd layer full; configuration_gemma3.py: every
@@ -118,6 +123,10 @@ CONFIG_DEFAULTS = {"mistral": {"sliding_window": 4096}}
 _GEMMA_DEFAULTS = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                    "sliding_window": 4096}
 CONFIG_DEFAULTS.update({
+    # transformers 5.19 FalconConfig (configuration_falcon.py:66-95): a config.json that
+    # leaves these out gets them at load time, and vLLM reads the loaded config.
+    "falcon": {"multi_query": True, "new_decoder_architecture": False,
+               "max_position_embeddings": 2048},
     "gemma2": dict(_GEMMA_DEFAULTS, max_position_embeddings=8192),
     "gemma3_text": dict(_GEMMA_DEFAULTS, max_position_embeddings=131072),
 })
@@ -568,6 +577,15 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         # reads that attribute: multi-query attention, one KV head.
         text["num_key_value_heads"] = 1 if text.get("multi_query", True) else _first(
             text, "num_attention_heads", "n_head")
+    if model_type in FALCON_MODEL_TYPES and text.get("multi_query") and \
+            not text.get("new_decoder_architecture"):
+        # vLLM 0.32.0 FalconModelArchConfigConvertor (model_arch_config_convertor.py:
+        # 536-549, for falcon, RefinedWeb and RefinedWebModel): multi-query attention,
+        # one KV head, whatever n_head_kv / num_kv_heads say (FalconConfig sets
+        # num_kv_heads to the head count when it is absent).
+        for field in ("n_head_kv", "num_kv_heads"):
+            text.pop(field, None)
+        text["num_key_value_heads"] = 1
     if model_type == "chatglm" and not text.get("multi_query_attention"):
         # vLLM 0.32.0 chatglm.py:61-65: multi_query_group_num KV heads only with
         # multi_query_attention (ChatGLMConfig's default is false), else one per head.
@@ -618,11 +636,11 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
             "not in gpufleet's table, so its KV layout is not verified. The generic "
             "decoder rule would use: " + ", ".join(REQUIRED_FIELDS) + ", and "
             "num_key_value_heads. Set allow_unknown_architecture: true to use it.")
-    # vllm/config/model.py get_total_num_kv_heads: first of these attributes.
-    kv_key = _field_name(text, "n_head_kv", "num_kv_heads", "num_key_value_heads",
-                         "multi_query_group_num")
-    kv_heads = _first(text, "n_head_kv", "num_kv_heads", "num_key_value_heads",
-                      "multi_query_group_num")
+    # vLLM 0.32.0 ModelArchConfigConvertorBase.get_total_num_kv_heads
+    # (model_arch_config_convertor.py:150-166): the first of these attributes, else one
+    # KV head per attention head.
+    kv_key = _field_name(text, *KV_HEAD_KEYS)
+    kv_heads = _first(text, *KV_HEAD_KEYS)
     if kv_heads is None:
         kv_heads = num_heads
     _positive_int(kv_heads, kv_key, source, extra=f" dividing {heads_key} ({num_heads})")

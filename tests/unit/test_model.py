@@ -178,6 +178,44 @@ def test_unknown_architecture_names_fields_or_falls_back_when_asked():
     assert desc["num_kv_heads"] == 1 and desc["attention"] == "mqa"
 
 
+# Falcon's KV head count as vLLM 0.32.0 reads it (FalconModelArchConfigConvertor,
+# model_arch_config_convertor.py:536-549) from what transformers 5.19's FalconConfig loads
+# (configuration_falcon.py:66-95: multi_query defaults to true, num_kv_heads to the head
+# count). Hand-written configs with falcon-7b's and falcon-40b's shapes: no verbatim
+# config.json of a Falcon model was found (tests/fixtures/models/SOURCES.md, "Still not
+# found"), so falcon stays outside the table.
+FALCON_7B = {"architectures": ["FalconForCausalLM"], "model_type": "falcon",
+             "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
+             "multi_query": True, "new_decoder_architecture": False, "parallel_attn": True}
+
+
+@pytest.mark.parametrize("change, kv_heads", [
+    ({}, 1),                                           # falcon-7b: multi-query
+    ({"num_kv_heads": 71}, 1),                         # as FalconConfig saves it again
+    ({"multi_query": None}, 1),                        # absent: FalconConfig's default, true
+    ({"multi_query": False}, 71),                      # falcon-rw-1b's kind: one per head
+    # the older remote-code model type (no FalconConfig defaults: all fields given)
+    ({"model_type": "RefinedWebModel", "n_head_kv": 71, "max_position_embeddings": 2048}, 1),
+    ({"new_decoder_architecture": True, "num_kv_heads": 8, "num_attention_heads": 128,
+      "hidden_size": 8192}, 8),                        # falcon-40b: multi_query ignored
+])
+def test_falcon_kv_heads_follow_vllms_falcon_rule(change, kv_heads):
+    cfg = {k: v for k, v in dict(FALCON_7B, **change).items() if v is not None}
+    desc = m.describe_config(cfg, weights_bytes=1, allow_unknown_architecture=True)
+    assert desc["known_architecture"] is False
+    assert desc["num_kv_heads"] == kv_heads
+    assert desc["head_size"] == cfg["hidden_size"] // cfg["num_attention_heads"]
+    assert desc["max_position_embeddings"] == 2048  # FalconConfig's default
+
+
+def test_num_attention_groups_is_a_kv_head_count_as_in_vllm():
+    cfg = {"architectures": ["Step3p5ForCausalLM"], "model_type": "step3p5",
+           "num_hidden_layers": 2, "num_attention_heads": 64, "hidden_size": 4096,
+           "max_position_embeddings": 4096, "num_attention_groups": 8}
+    desc = m.describe_config(cfg, weights_bytes=1, allow_unknown_architecture=True)
+    assert desc["num_kv_heads"] == 8
+
+
 def test_config_lacking_fields_names_them():
     with pytest.raises(m.ModelError, match="lacks num_hidden_layers, max_position_embeddings"):
         m.describe_config({"model_type": "llama", "num_attention_heads": 4,
