@@ -129,13 +129,17 @@ def mitogen_table(rows):
         if "noop-mitogen" not in r:
             continue
         n = r["hosts"]
-        for name, noop, setup, changed in (("linear", r["noop"], r["setup"], r["noop_changed"]),
-                                           ("mitogen_linear", r["noop-mitogen"], r["setup-mitogen"],
-                                            r["noop-mitogen_changed"])):
-            cells = [str(n), name, f"{noop[0]:.1f}", f"{noop[1]:.1f}", str(changed), f"{setup[0]:.2f}",
-                     f"{setup[1]:.2f}", f"{noop[1] / n:.2f}", f"{ratio(noop[0], setup[0]):.1f}x",
-                     f"{ratio(noop[1], setup[1]):.1f}x", f"{ratio(noop[0], r['noop'][0]):.2f}x",
-                     f"{ratio(noop[1], r['noop'][1]):.2f}x"]
+        for name, key in (("linear", "noop"), ("mitogen_linear", "noop-mitogen")):
+            noop, setup = r[key], r[key.replace("noop", "setup")]
+            cells = [str(n), name, f"{noop[0]:.1f}", f"{noop[1]:.1f}", str(r[f"{key}_changed"]),
+                     f"{setup[0]:.2f}", f"{setup[1]:.2f}"]
+            if r.get(f"{key}_failed"):
+                # a run that stopped early is fast: its figures are no ratio of anything
+                cells += [f"run failed ({r[f'{key}_failed']})"] + ["-"] * 4
+            else:
+                cells += [f"{noop[1] / n:.2f}", f"{ratio(noop[0], setup[0]):.1f}x",
+                          f"{ratio(noop[1], setup[1]):.1f}x", f"{ratio(noop[0], r['noop'][0]):.2f}x",
+                          f"{ratio(noop[1], r['noop'][1]):.2f}x"]
             out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -203,6 +207,7 @@ def main(argv=None):
                     row[f"{key}_changed"] = sum(c.get("changed", 0) for c in recap.values())
                 if rc or problems:
                     failures.append(f"{n} hosts, {key}: exit {rc}; " + "; ".join(problems))
+                    row[f"{key}_failed"] = f"exit {rc}"
             rows.append(row)
             print(f"[bench] {n} hosts: fleet-up {up:.0f} s", flush=True)
             # the table so far: a run stopped at a larger size keeps the smaller ones

@@ -154,3 +154,18 @@ def test_table_has_one_row_per_size_with_per_host_figures_and_ratios():
                                          "15.67", "0.500", "43.5x", "31.3x |"]
     assert lines[3].split(" | ")[5] == "1"
     assert os.path.basename(bench.INVENTORY) == "hosts.yml"
+
+
+def test_mitogen_table_compares_with_linear_and_gives_a_failed_run_no_ratios():
+    # the 3-host figures of bench_fleet.py --mitogen, 2026-12-03 22:19 UTC: Mitogen's
+    # no-op stopped at the first custom module (exit 2) after 4 s
+    row = {"hosts": 3, "first": (130.1, 43.8), "noop": (51.6, 36.3), "noop_changed": 0,
+           "setup": (1.74, 1.21), "noop-mitogen": (4.0, 2.6), "noop-mitogen_changed": 0,
+           "setup-mitogen": (2.92, 2.11)}
+    ok = bench.mitogen_table([row]).splitlines()
+    assert len(ok) == 4
+    assert ok[3].split(" | ")[7:] == ["0.87", "1.4x", "1.2x", "0.08x", "0.07x |"]
+    failed = bench.mitogen_table([dict(row, **{"noop-mitogen_failed": "exit 2"})]).splitlines()
+    assert failed[2] == ok[2]  # linear's row unchanged
+    assert failed[3].split(" | ")[7:] == ["run failed (exit 2)", "-", "-", "-", "- |"]
+    assert bench.mitogen_table([{k: v for k, v in row.items() if "mitogen" not in k}]).count("\n") == 1
