@@ -111,9 +111,12 @@ def table(rows):
     for r in rows:
         n = r["hosts"]
         cells = [str(n), f"{r['first'][0]:.1f}", f"{r['first'][1]:.1f}", f"{r['noop'][0]:.1f}",
-                 f"{r['noop'][1]:.1f}", str(r["noop_changed"]), f"{r['setup'][0]:.2f}", f"{r['setup'][1]:.2f}",
-                 f"{r['noop'][0] / n:.2f}", f"{r['noop'][1] / n:.2f}", f"{r['setup'][1] / n:.3f}",
-                 f"{ratio(r['noop'][0], r['setup'][0]):.1f}x", f"{ratio(r['noop'][1], r['setup'][1]):.1f}x"]
+                 f"{r['noop'][1]:.1f}", str(r["noop_changed"]), f"{r['setup'][0]:.2f}", f"{r['setup'][1]:.2f}"]
+        if r.get("noop_failed"):  # as in mitogen_table: a run that stopped early is no figure
+            cells += [f"run failed ({r['noop_failed']})", "-", f"{r['setup'][1] / n:.3f}", "-", "-"]
+        else:
+            cells += [f"{r['noop'][0] / n:.2f}", f"{r['noop'][1] / n:.2f}", f"{r['setup'][1] / n:.3f}",
+                      f"{ratio(r['noop'][0], r['setup'][0]):.1f}x", f"{ratio(r['noop'][1], r['setup'][1]):.1f}x"]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 

@@ -153,6 +153,9 @@ def test_table_has_one_row_per_size_with_per_host_figures_and_ratios():
     assert lines[2].split(" | ")[1:] == ["180.0", "46.0", "87.0", "47.0", "0", "2.00", "1.50", "29.00",
                                          "15.67", "0.500", "43.5x", "31.3x |"]
     assert lines[3].split(" | ")[5] == "1"
+    failed = bench.table([dict(rows[0], noop_failed="exit 2")]).splitlines()[2].split(" | ")
+    assert failed[1:8] == lines[2].split(" | ")[1:8]
+    assert failed[8:] == ["run failed (exit 2)", "-", "0.500", "-", "- |"]
     assert os.path.basename(bench.INVENTORY) == "hosts.yml"
 
 
