@@ -45,8 +45,14 @@ GATEWAY = "http://127.0.0.1:19000"
 DIRECT = "http://127.0.0.1:18000"  # lab-h200's own port: the path before the gateway
 CHAT_CONTAINERS = {"lab-h200": f"vllm-lab-h200-{CHAT.lower().replace('/', '-')}",
                    "lab-a10g": f"vllm-lab-a10g-{CHAT.lower().replace('/', '-')}"}
-# Quick gates for the test (the defaults are longer): 3 probe requests, 10 s soak.
-FAST = {"fleet_upgrade_probe_requests": 3, "fleet_upgrade_soak_seconds": 10}
+# Quick gates for the test (the defaults are longer): 3 probe requests, 10 s soak. The
+# probe may be 3 s slower than before, not 0.5 s: on this 2-core machine, with the other
+# host serving the whole load beside it, a good change (case a) once probed p95 3,382 and
+# 3,427 ms after against 1,529 ms before (the clean-clone CI run of 2026-12-04 00:15 UTC:
+# one request of three stalled in both probes), and was rolled back. A change that makes
+# the host really slower (several seconds per 16 tokens) still fails the gate.
+FAST = {"fleet_upgrade_probe_requests": 3, "fleet_upgrade_soak_seconds": 10,
+        "fleet_upgrade_probe_max_latency_increase_ms": 3000}
 
 
 def chat_models(max_model_len=2048, extra_args=("--enforce-eager",)):
