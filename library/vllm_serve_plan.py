@@ -111,6 +111,15 @@ options:
         set 15 s above it.
     type: int
     default: 0
+  cache_root:
+    description:
+      - A host folder for vLLM's cache (C(VLLM_CACHE_ROOT)), kept across restarts and
+        replacements; each image gets its own subfolder, named by its id, mounted
+        read-write. Empty leaves the cache in the container (lost at every replacement).
+      - The planned instance's C(cache_dir) is that subfolder; this module does not
+        create it.
+    type: str
+    default: ""
   check_ports:
     description: Refuse host ports in use by anything but the container being replaced.
     type: bool
@@ -139,7 +148,8 @@ instances:
     - One entry per container, with C(name), C(model), C(port), C(url) (for a client on
       the host itself), C(stop_timeout), C(device_ids),
       C(network_mode), C(published_ports), C(command), C(env), C(mounts), C(ipc_mode), C(shm_size), C(device_requests),
-      C(labels), C(settings_hash), C(args_hash), C(revision), C(served_model_name), C(runner), and
+      C(labels), C(settings_hash), C(args_hash), C(revision), C(served_model_name), C(runner),
+      C(cache_dir) (the host folder of its kept vLLM cache, empty without O(cache_root)), and
       C(action) (C(keep), C(create) or C(replace)), and C(file_sd) (its entry in the
       fleet's list of serving instances, a Prometheus file_sd entry with C(targets) and
       C(labels) C(host), C(container), C(model), C(served_model_name), C(runner), C(port)).
@@ -213,7 +223,7 @@ def run(params, client):
             shm_size=params["shm_size"], revision=model_revision(model["path"]),
             model_mount_root=params["model_mount_root"],
             network_mode=params["network_mode"], bind_address=params["bind_address"],
-            shutdown_timeout=params["shutdown_timeout"])
+            shutdown_timeout=params["shutdown_timeout"], cache_root=params["cache_root"])
     check_unique_ports(instances)
     existing = _managed(client)
     address = reachable_address(params["bind_address"], params["metrics_address"],
@@ -260,6 +270,7 @@ def main():
             "host_name": {"type": "str", "default": ""},
             "host_address": {"type": "str", "default": ""},
             "shutdown_timeout": {"type": "int", "default": 0},
+            "cache_root": {"type": "str", "default": ""},
             "check_ports": {"type": "bool", "default": True},
         },
         supports_check_mode=True,

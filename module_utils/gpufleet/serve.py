@@ -19,13 +19,13 @@ import socket
 import time
 
 __all__ = [
-    "ARGS_CHECK_MODEL", "CONTAINER_PORT", "DIAGNOSES", "LABEL_PREFIX", "NotReady",
-    "PlanError", "args_check_command", "args_check_hash", "args_check_verdict",
-    "check_unique_ports", "decide_action", "device_request", "diagnose", "failure_message",
-    "instance_labels", "local_url", "merge_registry", "model_revision", "plan_instances",
-    "port_is_free", "previous_name", "reachable_address", "readiness_request",
-    "registry_entry", "remove_container", "settings_hash", "slug", "stop_timeout", "target",
-    "wait_ready",
+    "ARGS_CHECK_MODEL", "CACHE_ENV", "CACHE_MOUNT", "CONTAINER_PORT", "DIAGNOSES",
+    "LABEL_PREFIX", "NotReady", "PlanError", "args_check_command", "args_check_hash",
+    "args_check_verdict", "cache_dir", "check_unique_ports", "decide_action",
+    "device_request", "diagnose", "failure_message", "instance_labels", "local_url",
+    "merge_registry", "model_revision", "plan_instances", "port_is_free", "previous_name",
+    "reachable_address", "readiness_request", "registry_entry", "remove_container",
+    "settings_hash", "slug", "stop_timeout", "target", "wait_ready"
 ]
 
 # The port vLLM listens on inside its container (vLLM's default; the official image's
@@ -36,6 +36,13 @@ LABEL_PREFIX = "org.gpufleet."
 # vLLM parses every flag and then stops at the model ("Invalid repository ID or local
 # directory specified", vllm/transformers_utils/config.py), before touching any device.
 ARGS_CHECK_MODEL = "/gpufleet-args-check/no-model"
+# Where an instance's kept vLLM cache (vllm_server_cache_root) is mounted, named to vLLM
+# by VLLM_CACHE_ROOT (vllm/envs.py; default ~/.cache/vllm, lost with the container). vLLM
+# 0.32 keeps there the model-class inspection it otherwise redoes in a subprocess at
+# every start (modelinfos/, vllm/model_executor/models/registry.py) and, on GPUs, the
+# torch.compile cache (torch_compile_cache/).
+CACHE_MOUNT = "/gpufleet/vllm-cache"
+CACHE_ENV = "VLLM_CACHE_ROOT"
 # argparse exits with status 2 on a usage error (argparse.ArgumentParser.error).
 _ARGPARSE_EXIT = 2
 
@@ -374,10 +381,28 @@ def _check_bind_address(address):
                         "or 0.0.0.0 for every interface") from None
 
 
+def cache_dir(cache_root, image_id):
+    """The host folder of the kept vLLM cache of one image: one per image ID, so what an
+    image writes there is read by that image only (another image, even a hostile one,
+    cannot leave compiled code for it). '' when the cache is off (cache_root '')."""
+    if not cache_root:
+        return ""
+    if not str(cache_root).startswith("/"):
+        raise PlanError(f"vllm_server_cache_root {cache_root!r} is not an absolute path: "
+                        "give a folder on the host, e.g. /var/lib/gpufleet/vllm-cache, "
+                        "or '' for no kept cache")
+    digest = str(image_id).split(":", 1)[-1]
+    if not re.fullmatch(r"[0-9a-f]{12,64}", digest):
+        raise PlanError(f"image ID {image_id!r} is not a Docker image ID (sha256:<hex>), so "
+                        "no cache folder can be named after it")
+    return f"{str(cache_root).rstrip('/')}/{digest}"
+
+
 def plan_instances(model, tune, *, image, image_id, container_prefix, default_port,
                    gpu_indexes, gpu_runtime, allow_replicas, base_env=None,
                    shm_size="8g", revision="unknown", model_mount_root="/models",
-                   network_mode="host", bind_address="127.0.0.1", shutdown_timeout=0):
+                   network_mode="host", bind_address="127.0.0.1", shutdown_timeout=0,
+                   cache_root=""):
     """The containers that serve one model on this host.
 
     model: the inventory entry (`name`, `path`, optional `port`, `served_model_name`,
@@ -388,9 +413,12 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
       set above it (stop_timeout).
     network_mode: `host` (vLLM listens on bind_address:port itself) or `bridge` (vLLM
       listens on 8000 in the container; the port is published on bind_address:port).
+    cache_root: a host folder for vLLM's cache, kept across restarts (cache_dir: one
+      subfolder per image, mounted read-write at CACHE_MOUNT, VLLM_CACHE_ROOT set); ''
+      leaves vLLM's cache in the container, and the settings hash as it was.
     Returns a list of instance dicts: name, port, device_ids, command, env (without the
     API key), mounts, ipc_mode, shm_size, device_requests, labels, settings_hash,
-    served_model_name, runner.
+    served_model_name, runner, cache_dir.
     """
     for key in ("name", "path"):
         if not model.get(key):
@@ -414,6 +442,18 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
     env.update({str(k): str(v) for k, v in (base_env or {}).items()})
     env.update({str(k): str(v) for k, v in (settings.get("env") or {}).items()})
     env.update({str(k): str(v) for k, v in (model.get("env") or {}).items()})
+    cache = cache_dir(cache_root, image_id)
+    if cache:
+        if CACHE_ENV in env:
+            raise PlanError(f"{CACHE_ENV} is set in the environment of model {model['name']!r} "
+                            f"and vllm_server_cache_root ({cache_root}) sets it too: leave "
+                            f"{CACHE_ENV} out, or set vllm_server_cache_root: '' to manage "
+                            "vLLM's cache yourself")
+        env[CACHE_ENV] = CACHE_MOUNT
+    mounts = [{"source": model["path"], "target": mount, "type": "bind", "read_only": True}]
+    if cache:
+        mounts.append({"source": cache, "target": CACHE_MOUNT, "type": "bind",
+                       "read_only": False})
     ipc_mode = (settings.get("docker") or {}).get("ipc_mode")
     base_name = container_prefix + slug(model["name"])
     instances = []
@@ -436,13 +476,14 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             "mount": [model["path"], mount], "ipc_mode": ipc_mode,
             "shm_size": None if ipc_mode else shm_size, "revision": revision,
         }
+        if cache:  # only then: a fleet without the cache keeps its containers' hashes
+            spec["cache"] = [cache, CACHE_MOUNT]
         spec_hash = settings_hash(spec)
         instances.append({
             "name": name, "model": model["name"], "port": port + number,
             "network_mode": network_mode, "published_ports": published,
             "device_ids": devices, "command": command, "env": env,
-            "mounts": [{"source": model["path"], "target": mount, "type": "bind",
-                        "read_only": True}],
+            "mounts": mounts, "cache_dir": cache,
             "ipc_mode": ipc_mode, "shm_size": spec["shm_size"],
             "stop_timeout": stop_timeout(shutdown_timeout),
             "device_requests": device_request(gpu_runtime, devices),

@@ -60,6 +60,7 @@ def _run(playbook, tmp_path, key, port, max_model_len, extra_args=(), expect_ok=
         "vllm_server_gpu_runtime": "none", "vllm_server_container_prefix": "vllmsrv-pool-",
         "vllm_server_api_key": key, "vllm_server_shm_size": "1g",
         "vllm_server_install_docker_sdk": False, "vllm_server_warmup_requests": 1,
+        "vllm_server_cache_root": str(tmp_path / "vllm-cache"),
         "vllm_server_ready_timeout": 600, "vllm_server_ready_interval": 2,
         "vllm_server_models": [{
             "name": "sentence-transformers/all-MiniLM-L6-v2", "path": str(MINILM),

@@ -251,6 +251,50 @@ def test_plan_hash_changes_with_image_commit_and_settings_only():
     assert _plan({"name": "m", "path": "/p"}, other)[0]["settings_hash"] != base
 
 
+IMAGE_A = "sha256:" + "a1" * 32
+IMAGE_B = "sha256:" + "b2" * 32
+
+
+def test_plan_kept_cache_one_folder_per_image_mounted_read_write():
+    model = {"name": "m", "path": "/p"}
+    (inst,) = _plan(model, TUNE_TP1, image_id=IMAGE_A, cache_root="/var/lib/gpufleet/vllm-cache/")
+    assert inst["cache_dir"] == "/var/lib/gpufleet/vllm-cache/" + "a1" * 32
+    assert inst["mounts"][1:] == [{"source": inst["cache_dir"], "target": serve.CACHE_MOUNT,
+                                   "type": "bind", "read_only": False}]
+    assert inst["mounts"][0]["read_only"] is True  # the model stays read-only
+    assert inst["env"]["VLLM_CACHE_ROOT"] == serve.CACHE_MOUNT
+    # another image never reads what this one wrote
+    (other,) = _plan(model, TUNE_TP1, image_id=IMAGE_B, cache_root="/var/lib/gpufleet/vllm-cache")
+    assert other["cache_dir"] != inst["cache_dir"]
+    assert other["cache_dir"].endswith("/" + "b2" * 32)
+
+
+def test_plan_kept_cache_off_leaves_mounts_env_and_hash_as_before():
+    model = {"name": "m", "path": "/p"}
+    (off,) = _plan(model, TUNE_TP1, image_id=IMAGE_A)
+    (also_off,) = _plan(model, TUNE_TP1, image_id=IMAGE_A, cache_root="")
+    (on,) = _plan(model, TUNE_TP1, image_id=IMAGE_A, cache_root="/c")
+    assert off["cache_dir"] == "" and len(off["mounts"]) == 1
+    assert "VLLM_CACHE_ROOT" not in off["env"]
+    assert off["settings_hash"] == also_off["settings_hash"]
+    # turning it on (or moving it) replaces the containers once, as any setting does
+    (moved,) = _plan(model, TUNE_TP1, image_id=IMAGE_A, cache_root="/d")
+    assert len({off["settings_hash"], on["settings_hash"], moved["settings_hash"]}) == 3
+
+
+@pytest.mark.parametrize("kw, model_env, message", [
+    ({"cache_root": "var/cache"}, {}, "not an absolute path"),
+    ({"cache_root": "/c", "image_id": "img:1"}, {}, "not a Docker image ID"),
+    ({"cache_root": "/c", "image_id": "sha256:../../etc"}, {}, "not a Docker image ID"),
+    ({"cache_root": "/c"}, {"VLLM_CACHE_ROOT": "/x"}, "leave VLLM_CACHE_ROOT out"),
+    ({"cache_root": "/c", "base_env": {"VLLM_CACHE_ROOT": "/x"}}, {}, "vllm_server_cache_root: ''"),
+])
+def test_plan_kept_cache_refuses_bad_input(kw, model_env, message):
+    opts = dict({"image_id": IMAGE_A}, **kw)
+    with pytest.raises(serve.PlanError, match=message):
+        _plan({"name": "m", "path": "/p", "env": model_env}, TUNE_TP1, **opts)
+
+
 @pytest.mark.parametrize("model, tune, kw, message", [
     ({"path": "/p"}, TUNE_TP1, {}, "needs `name`"),
     ({"name": "m", "path": "/p", "gpus": [0]}, TUNE_TP2, {}, "needs 2 GPUs"),
@@ -499,7 +543,8 @@ def _plan_params(tmp_path, **kw):
               "gpu_runtime": "none",
               "gpu_indexes": [], "allow_replicas": False, "env": {}, "shm_size": "1g",
               "model_mount_root": "/models", "check_ports": True, "metrics_address": "",
-              "host_name": "gpu1", "host_address": "", "shutdown_timeout": 0}
+              "host_name": "gpu1", "host_address": "", "shutdown_timeout": 0,
+              "cache_root": ""}
     params.update(kw)
     return params
 
