@@ -104,6 +104,19 @@ KNOWN_MODEL_TYPES = {
     # (no head_dim is read), no sliding window. Its config class is the checkpoint's
     # remote code, but every attribute internlm2.py reads is in config.json itself.
     "internlm2",
+    # GPT-NeoX (RedPajama-INCITE, Pythia, Dolly v2) and OLMo-2: vLLM 0.32.0 runs both
+    # on the Transformers backend (registry.py:716, 723; transformers/base.py:633
+    # head_size = hidden_size // heads, :668 num_kv_heads, :675 a window only from
+    # layer_types). GPTNeoXConfig has no KV-head field (one per head, MHA); Olmo2Config
+    # sets num_key_value_heads to the head count when absent; neither slides.
+    "gpt_neox", "olmo2",
+    # Falcon (FalconForCausalLM, vLLM 0.32.0 falcon.py:107-130 and its
+    # FalconModelArchConfigConvertor, model_arch_config_convertor.py:535-552): KV heads by
+    # the Falcon rule below (describe_config), with FalconConfig's defaults
+    # (CONFIG_DEFAULTS); tested on falcon-7b-instruct's own config.json. The older
+    # remote-code types (RefinedWeb, RefinedWebModel) have no FalconConfig defaults and
+    # stay outside.
+    "falcon",
 } | ENCODER_ONLY_MODEL_TYPES
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:

