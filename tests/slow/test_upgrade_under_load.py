@@ -13,14 +13,13 @@ the gateway): it must see failures, so the zero of the other cases can fail.
 
 The cases run in order on one lab (each starts from the state the previous left), the
 session's lab of tests/conftest.py (one `scripts/lab.sh run`, removed after the last lab
-test; test_benchmark.py runs on it after this file). scripts/test.sh (so CI) runs the lab
-run, its second run, check mode, the site.yml refusal, the control case, (a) the settings
-change, an upgrade with nothing to change (the state (a) left) and (d) the bad canary. The
-other rollouts (marker lab_upgrade: b, e, c) pass by hand here (docs/upgrades.md,
-"Status"); each takes 5 to 7 minutes on this 2-core machine, more than CI's 60 minutes
-leave. Run them all in one go (a case picked alone finds
-the state the lab run left, not the one the case before it left):
-  GPUFLEET_KEEP_LAB=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
+test; test_benchmark.py runs on it after this file). scripts/test.sh (so CI) runs them
+all: the lab run, its second run, check mode, the site.yml refusal, the control case,
+(a) the settings change, an upgrade with nothing to change (the state (a) left), (b) the
+image change, (d) the bad canary, (e) the driver branch with reboots and (c) the model
+revision. A case picked alone (-k) finds the state the lab run left, not the one the
+case before it left: run the file whole.
+  GPUFLEET_NO_SKIP=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
 """
 import json
 import os
@@ -278,7 +277,6 @@ def next_image():
     return json.loads(sh("docker", "image", "inspect", NEXT_IMAGE).stdout)[0]["Id"]
 
 
-@pytest.mark.lab_upgrade
 def test_b_an_image_change_drops_no_request(lab):
     new_id = next_image()
     _, after, _ = _upgraded({"vllm_server_models": chat_models(1024),
@@ -319,7 +317,6 @@ E_STATE = {"vllm_server_models": chat_models(1024), "vllm_server_image": NEXT_IM
            "nvidia_driver_branch": "590"}
 
 
-@pytest.mark.lab_upgrade
 def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
     boots = {h: _pid1_start(h) for h in CHAT_CONTAINERS}
     before, after, out = _upgraded(E_STATE, expect_changed=())
@@ -351,7 +348,6 @@ def second_revision():
         sh(*git, "reset", "-q", "--hard", first)
 
 
-@pytest.mark.lab_upgrade
 def test_c_a_model_revision_change_drops_no_request(lab, second_revision):
     """The hosts fetch the new commit from olah (verified, beside the running server),
     then the containers are replaced one host at a time."""
