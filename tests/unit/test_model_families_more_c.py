@@ -20,6 +20,22 @@ from gpufleet import model as m
 from gpufleet import tune as t
 
 
+def check_full_decoder(cfg, architecture, model_type, shape, attention, dtype, context):
+    """The checks every family of this file shares: a decoder in the table whose layers
+    are all full attention, with (layers, KV heads, head size) `shape`."""
+    desc = m.describe_config(cfg, weights_bytes=1)
+    layers, kv_heads, head_size = shape
+    assert desc["architectures"] == [architecture]
+    assert desc["model_type"] == model_type and desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == shape
+    assert kinds(desc) == {"full": layers} and desc["sliding_window"] is None
+    assert desc["attention"] == attention and desc["kind"] == "generative"
+    assert desc["torch_dtype"] == dtype
+    assert desc["max_position_embeddings"] == context and t.model_max_len(desc) == context
+    check_kv_bytes(desc, layers, kv_heads, head_size)
+    return desc
+
+
 def test_falcon_7b_instruct_is_multi_query_one_kv_head():
     # tiiuae/falcon-7b-instruct (hub revision cf4b3c42). registry.py:103
     # FalconForCausalLM -> falcon.py. falcon.py:107-110 FalconAttention: 71 heads,
@@ -33,15 +49,9 @@ def test_falcon_7b_instruct_is_multi_query_one_kv_head():
     # (configuration_falcon.py:82), which model_arch_config_convertor.py:394-427 takes.
     cfg = load("falcon-7b-instruct")
     assert "max_position_embeddings" not in cfg and cfg["multi_query"] is True
-    desc = m.describe_config(cfg, weights_bytes=1)
-    assert desc["architectures"] == ["FalconForCausalLM"]
-    assert desc["model_type"] == "falcon" and desc["known_architecture"] is True
-    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (32, 1, 64)
-    assert kinds(desc) == {"full": 32} and desc["sliding_window"] is None
-    assert desc["attention"] == "mqa" and desc["kind"] == "generative"
-    assert desc["torch_dtype"] == "bfloat16"
-    assert desc["max_position_embeddings"] == 2048 and t.model_max_len(desc) == 2048
-    check_kv_bytes(desc, 32, 1, 64)  # 2 x 1 x 64 x 2 = 256 bytes per token per layer
+    # 2 x 1 x 64 x 2 = 256 bytes per token per layer
+    desc = check_full_decoder(cfg, "FalconForCausalLM", "falcon", (32, 1, 64), "mqa",
+                              "bfloat16", 2048)
     # one KV head is replicated, not split, across tensor-parallel ranks
     # (falcon.py:122-130: tp_size % total_num_kv_heads == 0, num_kv_heads = max(1, ...))
     assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 64 * 2
@@ -60,16 +70,9 @@ def test_redpajama_incite_7b_gpt_neox_is_mha_on_the_transformers_backend():
     # has none of n_head_kv / num_kv_heads / num_key_value_heads / ..., so one per head:
     # 32 (MHA); base.py:674-676 a per-layer window only from layer_types (none). rotary_pct
     # (here 1.0) changes the rope, not the cache. max_position_embeddings 2048.
-    cfg = load("redpajama-incite-7b-base")
-    desc = m.describe_config(cfg, weights_bytes=1)
-    assert desc["architectures"] == ["GPTNeoXForCausalLM"]
-    assert desc["model_type"] == "gpt_neox" and desc["known_architecture"] is True
-    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (32, 32, 128)
-    assert kinds(desc) == {"full": 32} and desc["sliding_window"] is None
-    assert desc["attention"] == "mha" and desc["kind"] == "generative"
-    assert desc["torch_dtype"] == "float16"
-    assert desc["max_position_embeddings"] == 2048 and t.model_max_len(desc) == 2048
-    check_kv_bytes(desc, 32, 32, 128)  # 2 x 32 x 128 x 2 = 16,384 bytes per token per layer
+    # 2 x 32 x 128 x 2 = 16,384 bytes per token per layer
+    desc = check_full_decoder(load("redpajama-incite-7b-base"), "GPTNeoXForCausalLM",
+                              "gpt_neox", (32, 32, 128), "mha", "float16", 2048)
     # 32 KV heads split across TP 4: 8 per GPU
     assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 128 * 2
 
@@ -83,15 +86,8 @@ def test_olmo_2_1124_7b_instruct_is_mha_on_the_transformers_backend():
     # had the file left it out); base.py:674-676: no layer_types, no window; Olmo2Config
     # has no sliding_window field at all. 32 layers, context 4096.
     cfg = load("olmo-2-1124-7b-instruct")
-    desc = m.describe_config(cfg, weights_bytes=1)
-    assert desc["architectures"] == ["Olmo2ForCausalLM"]
-    assert desc["model_type"] == "olmo2" and desc["known_architecture"] is True
-    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (32, 32, 128)
-    assert kinds(desc) == {"full": 32} and desc["sliding_window"] is None
-    assert desc["attention"] == "mha" and desc["kind"] == "generative"
-    assert desc["torch_dtype"] == "bfloat16"
-    assert desc["max_position_embeddings"] == 4096 and t.model_max_len(desc) == 4096
-    check_kv_bytes(desc, 32, 32, 128)  # 2 x 32 x 128 x 2 = 16,384 bytes per token per layer
+    # 2 x 32 x 128 x 2 = 16,384 bytes per token per layer
+    check_full_decoder(cfg, "Olmo2ForCausalLM", "olmo2", (32, 32, 128), "mha", "bfloat16", 4096)
     # the same without num_key_value_heads: Olmo2Config's default, one per head
     cfg = {k: v for k, v in cfg.items() if k != "num_key_value_heads"}
     assert m.describe_config(cfg, weights_bytes=1)["num_kv_heads"] == 32
