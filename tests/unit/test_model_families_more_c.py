@@ -93,10 +93,50 @@ def test_olmo_2_1124_7b_instruct_is_mha_on_the_transformers_backend():
     assert m.describe_config(cfg, weights_bytes=1)["num_kv_heads"] == 32
 
 
+def test_deepseek_v2_lite_is_mla_one_latent_per_token_not_sharded():
+    # deepseek-ai/DeepSeek-V2-Lite (DeepseekV2ForCausalLM, model_type deepseek_v2).
+    # registry.py:90 DeepseekV2ForCausalLM -> deepseek_v2.py. deepseek_v2.py:1276-1300
+    # DeepseekV2DecoderLayer: qk_nope/qk_rope_head_dim are not 0, so with use_mla
+    # DeepseekV2MLAAttention (:1000), whose MultiHeadLatentAttentionWrapper
+    # (layers/mla.py:122-135) builds MLAAttention with kv_lora_rank and qk_rope_head_dim;
+    # layers/attention/mla_attention.py:479 head_size = kv_lora_rank + qk_rope_head_dim
+    # = 512 + 64, and :1350-1378 get_kv_cache_spec: MLAAttentionSpec with num_kv_heads=1,
+    # max_tp_shards=1 (one latent, the same on every tensor-parallel rank), no window.
+    # The engine agrees: model_arch_config_convertor.py:314-348 is_deepseek_mla
+    # (deepseek_v2 with kv_lora_rank) and :89-96 get_head_size (512 + 64).
+    # deepseek_v2.py:1468-1469 make_layers(num_hidden_layers): 27 layers, all MLA.
+    # q_lora_rank null (no query LoRA) changes the query path only. Context:
+    # max_position_embeddings 163840; config/model.py:2592-2605 does not multiply a
+    # yarn rope's factor (40) in again.
+    cfg = load("deepseek-v2-lite")
+    assert cfg["q_lora_rank"] is None and cfg["rope_scaling"]["type"] == "yarn"
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["DeepseekV2ForCausalLM"]
+    assert desc["model_type"] == "deepseek_v2" and desc["known_architecture"] is True
+    assert desc["attention"] == "mla" and desc["kind"] == "generative"
+    assert desc["num_layers"] == 27 and kinds(desc) == {"full": 27}
+    assert desc["sliding_window"] is None and desc["torch_dtype"] == "bfloat16"
+    assert (desc["kv_lora_rank"], desc["qk_rope_head_dim"]) == (512, 64)
+    assert desc["max_position_embeddings"] == 163840 and t.model_max_len(desc) == 163840
+    # (512 + 64) x 2 = 1,152 bytes per token per layer at every TP (max_tp_shards=1),
+    # not 2 x 16 KV heads x 128 x 2 = 8,192 as ordinary attention would be priced
+    for tp in (1, 2, 8):
+        layout = t.kv_layout(desc, tp=tp, block_size=64)
+        assert layout["per_token_layer_bytes"] == (512 + 64) * 2
+        assert layout["page_bytes"] == 64 * (512 + 64) * 2
+        assert layout["per_token_layer_bytes"] * layout["num_layers"] == 27 * 576 * 2
+    # fp8: one byte per element (the packed fp8_ds_mla layout, 656, is not "fp8")
+    assert t.kv_layout(desc, 1, 64, kv_cache_dtype="fp8")["per_token_layer_bytes"] == 576
+    # control: without kv_lora_rank is_deepseek_mla (convertor :347) is false
+    plain = {k: v for k, v in cfg.items() if k != "kv_lora_rank"}
+    assert m.describe_config(plain, weights_bytes=1)["attention"] != "mla"
+
+
 @pytest.mark.parametrize("name, model_type", [
     ("redpajama-incite-7b-base", "gpt_neox"),
     ("olmo-2-1124-7b-instruct", "olmo2"),
     ("falcon-7b-instruct", "falcon"),
+    ("deepseek-v2-lite", "deepseek_v2"),
 ])
 def test_families_outside_the_table_are_refused(monkeypatch, name, model_type):
     # control: without the table entry the config is refused, as before these were read
