@@ -442,6 +442,7 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
     env.update({str(k): str(v) for k, v in (base_env or {}).items()})
     env.update({str(k): str(v) for k, v in (settings.get("env") or {}).items()})
     env.update({str(k): str(v) for k, v in (model.get("env") or {}).items()})
+    mounts = [{"source": model["path"], "target": mount, "type": "bind", "read_only": True}]
     cache = cache_dir(cache_root, image_id)
     if cache:
         if CACHE_ENV in env:
@@ -450,8 +451,6 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
                             f"{CACHE_ENV} out, or set vllm_server_cache_root: '' to manage "
                             "vLLM's cache yourself")
         env[CACHE_ENV] = CACHE_MOUNT
-    mounts = [{"source": model["path"], "target": mount, "type": "bind", "read_only": True}]
-    if cache:
         mounts.append({"source": cache, "target": CACHE_MOUNT, "type": "bind",
                        "read_only": False})
     ipc_mode = (settings.get("docker") or {}).get("ipc_mode")
