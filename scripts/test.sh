@@ -101,9 +101,11 @@ AFTER_MOLECULE=(tests/slow/test_hoststack_driver_lifecycle.py)
 stage "molecule: every scenario, then ${AFTER_MOLECULE[*]} (beside the slow tests without the lab)"
 # vllm_server's scenario is run by tests/slow/test_vllm_server_molecule.py (with a random
 # API key it then looks for in the whole output), so it is not run twice.
-# The preflight scenario (about 70 s) runs in the other lane, before its slow tests: the
-# Molecule lane was the longer by about 2 minutes (CI stop 19: 22 min 8 s against 20 min 11 s).
-BESIDE_SCENARIOS=(preflight)
+# Some scenarios run in the other lane, before its slow tests, to even the two: at CI stop
+# 23 the Molecule lane took about 16 min and the other about 13 (preflight, about 70 s,
+# already beside); fleet_upgrade (about 5 min) and fleet_benchmark (about 4 1/2) came
+# after: fleet_upgrade and vllm_gateway (about 1 min) go beside, fleet_benchmark stays.
+BESIDE_SCENARIOS=(preflight vllm_gateway fleet_upgrade)
 scenarios=$(find molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -r -n1 basename | sort \
             | grep -vx -e vllm_server "${BESIDE_SCENARIOS[@]/#/-e}")
 [[ -n "$scenarios" ]] || die "no Molecule scenario found under molecule/"
