@@ -117,7 +117,23 @@ KNOWN_MODEL_TYPES = {
     # remote-code types (RefinedWeb, RefinedWebModel) have no FalconConfig defaults and
     # stay outside.
     "falcon",
+    # Granite 3.x (GraniteForCausalLM, vLLM 0.32.0 granite.py:181-183 head_dim or
+    # hidden_size // heads, :271-272 num_key_value_heads, :349 num_hidden_layers, :95-99
+    # a window only for layers that layer_types calls sliding); tested on
+    # granite-3.0-8b-instruct's config.json. attention/embedding/residual multipliers and
+    # logits_scaling change the arithmetic of the model, not its KV cache.
+    "granite",
+    # Cohere2 (Command R7B, Command A, Aya; Cohere2ForCausalLM, vLLM 0.32.0 commandr.py):
+    # layer_types (or, absent, every sliding_window_pattern-th layer full: transformers
+    # 5.19 configuration_cohere2.py:96-100), head_dim = hidden_size // heads (the config
+    # class overwrites the file's, :93), and the sliding layers' window one token wider
+    # than the config's (WINDOW_OFFSET); tested on tiny-aya-global's config.json.
+    "cohere2",
 } | ENCODER_ONLY_MODEL_TYPES
+# vLLM 0.32.0 commandr.py:237-244: "cohere swa layer sees [pos - sliding_window, pos],
+# i.e. sliding_window + 1 tokens", so Cohere2's sliding layers are built with a window
+# of sliding_window + 1, which the KV cache spec and its eviction then use.
+WINDOW_OFFSET = {"cohere2": 1}
 # Defaults of transformers' config classes (transformers 5.20, which vLLM 0.33.0
 # requires) that change the KV layout when config.json leaves the field out:
 # MistralConfig.sliding_window is 4096, so a Mistral config without the key slides.
@@ -145,7 +161,8 @@ CONFIG_DEFAULTS.update({
 })
 # model_type: (config key of the pattern or None, its default): layer i slides
 # unless (i + 1) is a multiple of the pattern.
-LAYER_PATTERN_DEFAULTS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern", 6)}
+LAYER_PATTERN_DEFAULTS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern", 6),
+                          "cohere2": ("sliding_window_pattern", 4)}
 # Files that mark a sentence-transformers (embedding) checkpoint.
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json",
                                "sentence_bert_config.json")
@@ -599,6 +616,11 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         for field in ("n_head_kv", "num_kv_heads"):
             text.pop(field, None)
         text["num_key_value_heads"] = 1
+    if model_type == "cohere2":
+        # transformers 5.19 Cohere2Config (configuration_cohere2.py:93) sets head_dim to
+        # hidden_size // num_attention_heads whatever config.json says, and vLLM 0.32.0
+        # commandr.py:186-189 reads that attribute.
+        text.pop("head_dim", None)
     if model_type == "chatglm" and not text.get("multi_query_attention"):
         # vLLM 0.32.0 chatglm.py:61-65: multi_query_group_num KV heads only with
         # multi_query_attention (ChatGLMConfig's default is false), else one per head.
@@ -724,7 +746,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "num_kv_heads": kv_heads,
         "head_size": head_size,
         "layer_kinds": layer_kinds,
-        "sliding_window": window if "sliding" in layer_kinds or v4 else None,
+        "sliding_window": window + WINDOW_OFFSET.get(model_type, 0)
+        if "sliding" in layer_kinds or v4 else None,
         "kv_lora_rank": text.get("kv_lora_rank"),
         "qk_rope_head_dim": text.get("qk_rope_head_dim"),
         "hidden_size": hidden,

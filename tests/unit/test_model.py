@@ -166,7 +166,7 @@ def test_missing_folder_fails(tmp_path):
 
 
 def test_unknown_architecture_names_fields_or_falls_back_when_asked():
-    cfg = {"architectures": ["GraniteForCausalLM"], "model_type": "granite",
+    cfg = {"architectures": ["BaichuanForCausalLM"], "model_type": "baichuan",
            "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
            "max_position_embeddings": 2048, "num_key_value_heads": 1}
     with pytest.raises(m.ModelError) as exc:

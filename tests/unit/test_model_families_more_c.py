@@ -13,6 +13,8 @@ configs has a sliding_window, so no layer slides.
 The tuner's bytes per token per layer are checked against 2 x kv_heads x head_size x
 element bytes (check_kv_bytes), vllm/v1/kv_cache_interface.py.
 """
+import math
+
 import pytest
 
 from test_model_families import check_kv_bytes, kinds, load
@@ -132,7 +134,70 @@ def test_deepseek_v2_lite_is_mla_one_latent_per_token_not_sharded():
     assert m.describe_config(plain, weights_bytes=1)["attention"] != "mla"
 
 
+def test_granite_3_0_8b_instruct_is_gqa_full_attention():
+    # ibm-granite/granite-3.0-8b-instruct (GraniteForCausalLM, model_type granite).
+    # registry.py GraniteForCausalLM -> granite.py. granite.py:181-183 head_dim from the
+    # config, else hidden_size // heads = 4096 // 32 = 128; :271-272 num_key_value_heads
+    # (8); :349 40 layers; :95-99 granite_layer_attn_params gives a window only to layers
+    # that layer_types calls sliding_attention, and this config has no layer_types (nor
+    # sliding_window): every layer full. The multipliers (attention_multiplier is the
+    # attention scale, :186; logits_scaling :447-449) do not touch the cache.
+    # max_position_embeddings 4096 (Granite 3.0; 3.1 and later have 128K).
+    cfg = load("granite-3.0-8b-instruct")
+    assert cfg["attention_multiplier"] == 0.0078125 and "layer_types" not in cfg
+    # 2 x 8 x 128 x 2 = 4,096 bytes per token per layer
+    desc = check_full_decoder(cfg, "GraniteForCausalLM", "granite", (40, 8, 128), "gqa",
+                              "bfloat16", 4096)
+    # 8 KV heads split across TP 8: one per GPU
+    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
+
+
+def test_tiny_aya_global_cohere2_slides_one_token_wider_than_its_config():
+    # CohereLabs/tiny-aya-global (Cohere2ForCausalLM, model_type cohere2), vLLM 0.32.0
+    # commandr.py (registry.py Cohere2ForCausalLM -> commandr.py CohereForCausalLM):
+    # :186-189 head_dim (transformers 5.19's Cohere2Config sets it to hidden_size //
+    # heads = 2048 // 16 = 128, configuration_cohere2.py:93); :190 num_key_value_heads 4;
+    # :237-244 a layer that layer_types calls sliding_attention gets
+    # per_layer_sliding_window = sliding_window + 1 = 4097 ("cohere swa layer sees
+    # [pos - sliding_window, pos], i.e. sliding_window + 1 tokens"), the others none.
+    # layer_types: 36 entries, 3 sliding then 1 full, 9 times. max_position_embeddings
+    # 500,000 (no model_max_length in the file).
+    cfg = load("tiny-aya-global")
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["Cohere2ForCausalLM"] and desc["known_architecture"]
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (36, 4, 128)
+    assert kinds(desc) == {"sliding": 27, "full": 9}
+    assert desc["layer_kinds"][:4] == ["sliding", "sliding", "sliding", "full"]
+    assert desc["attention"] == "gqa+sliding" and desc["sliding_window"] == 4096 + 1
+    assert desc["max_position_embeddings"] == 500000 and t.model_max_len(desc) == 500000
+    check_kv_bytes(desc, 36, 4, 128)
+    # vLLM's hybrid manager: 27 sliding and 9 full layers, groups of 9 layers: three
+    # sliding groups and one full group; a sliding group holds window - 1 + in-flight
+    # tokens of a request (SlidingWindowSpec.max_memory_usage_bytes, + 1 block).
+    layout = t.kv_layout(desc, tp=1, block_size=16)
+    assert sorted(layout["groups"]) == ["full", "sliding", "sliding", "sliding"]
+    assert layout["group_size"] == 9 and layout["sliding_window"] == 4097
+    in_flight = t.in_flight_tokens(layout, 2048)
+    length = 32768
+    assert t._blocks_per_request(layout, length, 2048) == \
+        3 * (math.ceil(min(4097 - 1 + in_flight, length) / 16) + 1) + math.ceil(length / 16)
+    # Cohere2Config's rule when a file has no layer_types (configuration_cohere2.py:96-100:
+    # every sliding_window_pattern-th layer full) gives the same layers
+    bare = {k: v for k, v in cfg.items() if k != "layer_types"}
+    assert m.describe_config(bare, weights_bytes=1)["layer_kinds"] == desc["layer_kinds"]
+    # the config class overwrites head_dim, so a file's other head_dim is not read
+    assert m.describe_config(dict(cfg, head_dim=64), weights_bytes=1)["head_size"] == 128
+
+
+def test_cohere2_window_without_vllms_extra_token(monkeypatch):
+    # control: without WINDOW_OFFSET the tuner would take the config's 4096
+    monkeypatch.setattr(m, "WINDOW_OFFSET", {})
+    assert m.describe_config(load("tiny-aya-global"), weights_bytes=1)["sliding_window"] == 4096
+
+
 @pytest.mark.parametrize("name, model_type", [
+    ("granite-3.0-8b-instruct", "granite"),
+    ("tiny-aya-global", "cohere2"),
     ("redpajama-incite-7b-base", "gpt_neox"),
     ("olmo-2-1124-7b-instruct", "olmo2"),
     ("falcon-7b-instruct", "falcon"),
