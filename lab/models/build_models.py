@@ -37,6 +37,7 @@ SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 TINY = "gpufleet/tiny-llama"
 TINY_GEMMA3 = "gpufleet/tiny-gemma3"
+TINY_COHERE2 = "gpufleet/tiny-cohere2"
 
 
 class BuildError(RuntimeError):
@@ -268,8 +269,37 @@ def build_tiny_gemma3(out: pathlib.Path) -> None:
     tok.save_pretrained(out)
 
 
+def build_tiny_cohere2(out: pathlib.Path) -> None:
+    """A tiny random Cohere2 model (model_type cohere2, Cohere2ForCausalLM) for the sliding
+    window vLLM widens by one token: 4 layers, 3 sliding-window layers (window 513 in
+    config.json; vLLM 0.32.0 commandr.py:243-244 builds them with 514) then 1 full
+    (layer_types), hidden 128, 4 heads (1 KV head) of 32 (Cohere2Config sets head_dim to
+    hidden / heads; vLLM's CPU attention sizes), context 8192, the tiny models'
+    tokenizer, seed 0. The window is chosen so that the extra token costs one more
+    128-token block per sliding layer and request: 513 + 2048 in-flight tokens fill
+    21 blocks, 512 + 2048 exactly 20 (tests/slow/test_tune_vs_vllm.py)."""
+    import torch
+    from transformers import Cohere2Config, Cohere2ForCausalLM, GenerationConfig
+
+    tok = _tiny_tokenizer()
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    torch.manual_seed(0)
+    config = Cohere2Config(
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
+        sliding_window=513, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        max_position_embeddings=8192, bos_token_id=bos, eos_token_id=eos,
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=True, dtype="bfloat16",
+    )
+    model = Cohere2ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos,
+                                               pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
 RECIPES = {SMOLLM2: build_smollm2, MINILM: build_minilm, TINY: build_tiny,
-           TINY_GEMMA3: build_tiny_gemma3}
+           TINY_GEMMA3: build_tiny_gemma3, TINY_COHERE2: build_tiny_cohere2}
 
 
 # --------------------------------------------------------------------------- driver
