@@ -398,6 +398,20 @@ def cache_dir(cache_root, image_id):
     return f"{str(cache_root).rstrip('/')}/{digest}"
 
 
+def stale_cache_dirs(names, in_use):
+    """The folders under vllm_server_cache_root whose image is gone from the engine.
+
+    names: the folder names in the root; in_use: the IDs (sha256:<hex>) of the images on
+    the engine and of the images its containers run (a container keeps running on an
+    image removed by force). A folder is stale when cache_dir could have named it (12 to
+    64 hex digits) and no ID in use begins with that name: no container can mount it
+    again. Anything else in the root is not the role's and is left alone.
+    """
+    digests = [str(i).split(":", 1)[-1] for i in in_use if i]
+    return sorted(n for n in names
+                  if re.fullmatch(r"[0-9a-f]{12,64}", n) and not any(d.startswith(n) for d in digests))
+
+
 def plan_instances(model, tune, *, image, image_id, container_prefix, default_port,
                    gpu_indexes, gpu_runtime, allow_replicas, base_env=None,
                    shm_size="8g", revision="unknown", model_mount_root="/models",

@@ -99,6 +99,7 @@ class FilterModule:
             "gpufleet_rollback_vars": _wrap(upgrade.rollback_vars),
             "gpufleet_local_url": serve.local_url,
             "gpufleet_target": serve.target,
+            "gpufleet_stale_cache_dirs": serve.stale_cache_dirs,
             "gpufleet_reachable_target": reachable_target,
             "gpufleet_missing_packages": missing_packages,
             "gpufleet_packages_to_hold": packages_to_hold,

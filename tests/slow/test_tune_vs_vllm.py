@@ -31,7 +31,7 @@ Containers are named tunecheck-* and started one at a time, removed whatever hap
 every wait is bounded. They share one vLLM cache folder (VLLM_CACHE_ROOT, as
 vllm_server_cache_root gives a deployment), so the starts after the first of a model
 class skip vLLM's model-class inspection; what the test compares (the KV cache sizing)
-is computed at every start. Seven starts: 28-33 s each, 3.5 minutes for the file, on 2 cores
+is computed at every start. Seven starts (eight since tiny-cohere2, 2026-12-04): 28-33 s each, 3.5 minutes for the file, on 2 cores
 otherwise idle (2026-12-03; the two tiny-gemma3 cases add 57 s); 35-120 s each when the
 cores are shared with a running lab. With the shared cache folder: 20-28 s each, 7 passed
 in 2 min 51 s (2026-12-04, idle).

@@ -819,3 +819,25 @@ def test_remove_container_gives_up_with_the_last_error_and_accepts_a_gone_contai
     gone = _Container([_Gone()])
     serve.remove_container(gone, _Gone, sleep=pauses.append)
     assert gone.calls == 1
+
+
+def test_stale_cache_dirs_are_those_of_images_gone_from_the_engine():
+    on_engine = "sha256:" + "a1" * 32
+    run_by_container = "sha256:" + "c3" * 32   # its image removed by force, still running
+    names = ["a1" * 32, "b2" * 32, "c3" * 32, "d4" * 6, "d4" * 32]
+    stale = serve.stale_cache_dirs(names, [on_engine, run_by_container])
+    assert stale == sorted(["b2" * 32, "d4" * 6, "d4" * 32])
+    # a short name (cache_dir accepts 12-64 hex digits) is kept while an ID begins with it
+    assert serve.stale_cache_dirs(["a1" * 6], [on_engine]) == []
+    # the folder of the image cache_dir names now is never stale
+    assert serve.stale_cache_dirs([serve.cache_dir("/r", on_engine).rsplit("/", 1)[1]], [on_engine]) == []
+
+
+def test_stale_cache_dirs_never_names_what_the_role_did_not():
+    # not an image ID: a user's notes, a lost+found, upper case, too short, too long
+    names = ["notes", "lost+found", "A1" * 32, "ab" * 5, "ab" * 33, ".hidden", ""]
+    assert serve.stale_cache_dirs(names, []) == []
+    # no image at all on the engine: every folder named by an image ID is stale
+    assert serve.stale_cache_dirs(["ab" * 32, "notes"], []) == ["ab" * 32]
+    # empty entries (a container whose ImageID is missing) protect nothing and break nothing
+    assert serve.stale_cache_dirs(["ab" * 32], [None, ""]) == ["ab" * 32]
