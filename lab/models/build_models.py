@@ -216,28 +216,35 @@ def _tiny_tokenizer():
                                    model_max_length=2048, chat_template=TINY_CHAT_TEMPLATE)
 
 
+def _save_tiny(out: pathlib.Path, config_cls: str, model_cls: str, **fields) -> None:
+    """Build one tiny random model of transformers' `model_cls` from `config_cls(**fields)`
+    with the tiny models' tokenizer (its vocabulary and special tokens), bfloat16 weights
+    drawn after torch.manual_seed(0), and save it with the tokenizer in HF layout."""
+    import torch
+    import transformers
+
+    tok = _tiny_tokenizer()
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(
+        vocab_size=len(tok), bos_token_id=bos, eos_token_id=eos,
+        pad_token_id=tok.pad_token_id, dtype="bfloat16", **fields)
+    model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
+    model.generation_config = transformers.GenerationConfig(
+        bos_token_id=bos, eos_token_id=eos, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
 def build_tiny(out: pathlib.Path) -> None:
     """A tiny random Llama for fast tests: 2 layers, hidden 64, 4 heads (2 KV heads) of
     head_dim 32 (explicit: vLLM's CPU attention supports head sizes 32, 64, 80, ... only,
     vllm/v1/attention/backends/cpu_attn.py, so hidden/heads = 16 would not run), a
     512-token byte-level BPE tokenizer trained here, seed 0."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    tok = _tiny_tokenizer()
-    bos, eos = tok.bos_token_id, tok.eos_token_id
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        max_position_embeddings=2048, bos_token_id=bos, eos_token_id=eos,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=False, dtype="bfloat16",
-    )
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos,
-                                               pad_token_id=tok.pad_token_id)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    _save_tiny(out, "LlamaConfig", "LlamaForCausalLM",
+               hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+               max_position_embeddings=2048, tie_word_embeddings=False)
 
 
 def build_tiny_gemma3(out: pathlib.Path) -> None:
@@ -248,25 +255,12 @@ def build_tiny_gemma3(out: pathlib.Path) -> None:
     the tiny models' tokenizer, seed 0. vLLM gives the sliding layers SlidingWindowSpec
     and groups the layers into 6 KV cache groups of one layer sharing one block pool
     (vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size)."""
-    import torch
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig
-
-    tok = _tiny_tokenizer()
-    bos, eos = tok.bos_token_id, tok.eos_token_id
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
-        query_pre_attn_scalar=32, sliding_window=512,
-        layer_types=["sliding_attention"] * 5 + ["full_attention"],
-        max_position_embeddings=8192, bos_token_id=bos, eos_token_id=eos,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=True, dtype="bfloat16",
-    )
-    model = Gemma3ForCausalLM(config).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos,
-                                               pad_token_id=tok.pad_token_id)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    _save_tiny(out, "Gemma3TextConfig", "Gemma3ForCausalLM",
+               hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+               num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+               query_pre_attn_scalar=32, sliding_window=512,
+               layer_types=["sliding_attention"] * 5 + ["full_attention"],
+               max_position_embeddings=8192, tie_word_embeddings=True)
 
 
 def build_tiny_cohere2(out: pathlib.Path) -> None:
@@ -278,24 +272,11 @@ def build_tiny_cohere2(out: pathlib.Path) -> None:
     tokenizer, seed 0. The window is chosen so that the extra token costs one more
     128-token block per sliding layer and request: 513 + 2048 in-flight tokens fill
     21 blocks, 512 + 2048 exactly 20 (tests/slow/test_tune_vs_vllm.py)."""
-    import torch
-    from transformers import Cohere2Config, Cohere2ForCausalLM, GenerationConfig
-
-    tok = _tiny_tokenizer()
-    bos, eos = tok.bos_token_id, tok.eos_token_id
-    torch.manual_seed(0)
-    config = Cohere2Config(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256,
-        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
-        sliding_window=513, layer_types=["sliding_attention"] * 3 + ["full_attention"],
-        max_position_embeddings=8192, bos_token_id=bos, eos_token_id=eos,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=True, dtype="bfloat16",
-    )
-    model = Cohere2ForCausalLM(config).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos,
-                                               pad_token_id=tok.pad_token_id)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    _save_tiny(out, "Cohere2Config", "Cohere2ForCausalLM",
+               hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=1, sliding_window=513,
+               layer_types=["sliding_attention"] * 3 + ["full_attention"],
+               max_position_embeddings=8192, tie_word_embeddings=True)
 
 
 RECIPES = {SMOLLM2: build_smollm2, MINILM: build_minilm, TINY: build_tiny,
