@@ -381,6 +381,10 @@ def _check_bind_address(address):
                         "or 0.0.0.0 for every interface") from None
 
 
+# What names a kept-cache folder: an image ID's hex digits (full or short form).
+_CACHE_DIGEST = re.compile(r"[0-9a-f]{12,64}")
+
+
 def cache_dir(cache_root, image_id):
     """The host folder of the kept vLLM cache of one image: one per image ID, so what an
     image writes there is read by that image only (another image, even a hostile one,
@@ -392,7 +396,7 @@ def cache_dir(cache_root, image_id):
                         "give a folder on the host, e.g. /var/lib/gpufleet/vllm-cache, "
                         "or '' for no kept cache")
     digest = str(image_id).split(":", 1)[-1]
-    if not re.fullmatch(r"[0-9a-f]{12,64}", digest):
+    if not _CACHE_DIGEST.fullmatch(digest):
         raise PlanError(f"image ID {image_id!r} is not a Docker image ID (sha256:<hex>), so "
                         "no cache folder can be named after it")
     return f"{str(cache_root).rstrip('/')}/{digest}"
@@ -409,7 +413,7 @@ def stale_cache_dirs(names, in_use):
     """
     digests = [str(i).split(":", 1)[-1] for i in in_use if i]
     return sorted(n for n in names
-                  if re.fullmatch(r"[0-9a-f]{12,64}", n) and not any(d.startswith(n) for d in digests))
+                  if _CACHE_DIGEST.fullmatch(n) and not any(d.startswith(n) for d in digests))
 
 
 def plan_instances(model, tune, *, image, image_id, container_prefix, default_port,
