@@ -107,7 +107,10 @@ ansible_facts:
         devices:
           description:
             - One dict per GPU with index, name, uuid, pci_bus_id (C(00000000:84:00.0)),
-              pci_device_id (C(0x2684)), memory_total_mib, compute_capability (C(8.9)),
+              pci_device_id (C(0x2684)), memory_total_mib, memory_reserved_mib (what the
+              driver keeps for itself, outside CUDA's total, nvidia-smi's FB Memory
+              Reserved, NVML's memory info v2; null before driver R510 and from the PCI
+              bus), compute_capability (C(8.9)),
               architecture (C(ada)), persistence_mode and mig_mode (bool; null when the
               source cannot tell, e.g. the PCI bus), brand (nvidia-smi's Product Brand,
               C(GeForce), C(NVIDIA), C(Tesla)...; the container toolkit's C(brand=)
@@ -130,6 +133,7 @@ ansible_facts:
           pci_bus_id: "00000000:84:00.0"
           pci_device_id: "0x2684"
           memory_total_mib: 24564
+          memory_reserved_mib: 346
           compute_capability: "8.9"
           architecture: ada
           persistence_mode: true

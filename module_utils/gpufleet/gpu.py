@@ -5,7 +5,16 @@ dict, the `ansible_facts.gpu` vocabulary of docs/conventions.md:
 
     present, source, driver_version, cuda_driver_version, count, nvlink, devices[]
     device: index, name, uuid, pci_bus_id, pci_device_id, memory_total_mib,
-            compute_capability, architecture, persistence_mode, mig_mode
+            memory_reserved_mib, compute_capability, architecture, persistence_mode,
+            mig_mode
+
+`memory_reserved_mib` is the memory the driver keeps for itself (nvidia-smi's "FB Memory
+Usage / Reserved", NVML's nvmlMemory_v2_t.reserved, rounded up to whole MiB): CUDA
+programs never see it. cudaMemGetInfo's total, which vLLM multiplies by
+gpu_memory_utilization, is memory_total_mib - memory_reserved_mib (measured on an H200,
+driver 580.159.04: 150,754,820,096 - 644,939,776 = 150,109,880,320 bytes;
+tests/fixtures/nvidia-smi/device-h200-driver-580.json). None where a source cannot tell
+(drivers before R510, the PCI bus).
 
 Value formats: `pci_bus_id` as NVML and nvidia-smi print it ("00000000:84:00.0",
 8-digit domain, upper-case hex); `pci_device_id` the 16-bit PCI device id as
@@ -292,7 +301,8 @@ def is_datacenter_brand(brand):
 
 
 def _device(index, name, uuid, pci_bus_id, pci_device_id, memory_total_mib,
-            compute_capability, architecture, persistence_mode, mig_mode, brand=None):
+            compute_capability, architecture, persistence_mode, mig_mode, brand=None,
+            memory_reserved_mib=None):
     if compute_capability is None:
         compute_capability = compute_capability_for(name)
     if compute_capability is None and pci_device_id is not None:
@@ -306,6 +316,7 @@ def _device(index, name, uuid, pci_bus_id, pci_device_id, memory_total_mib,
         "pci_bus_id": pci_bus_id,
         "pci_device_id": pci_device_id,
         "memory_total_mib": memory_total_mib,
+        "memory_reserved_mib": memory_reserved_mib,
         "compute_capability": compute_capability,
         "architecture": architecture,
         "persistence_mode": persistence_mode,
@@ -381,6 +392,7 @@ def parse_nvidia_smi_xml(text):
     for index, gpu in enumerate(root.findall("gpu")):
         name = _value(gpu, "product_name")
         memory = _value(gpu, "fb_memory_usage/total")
+        reserved = _value(gpu, "fb_memory_usage/reserved")
         architecture = _value(gpu, "product_architecture")
         if architecture is not None:
             architecture = _ARCHITECTURE_NAMES.get(architecture.lower(),
@@ -393,6 +405,7 @@ def parse_nvidia_smi_xml(text):
             pci_bus_id=_bus_id(_value(gpu, "pci/pci_bus_id") or gpu.get("id")),
             pci_device_id=_xml_device_id(_value(gpu, "pci/pci_device_id")),
             memory_total_mib=_mib(memory) if memory else None,
+            memory_reserved_mib=_mib(reserved) if reserved else None,
             compute_capability=_normalise_cc(cc) if cc else None,
             architecture=architecture,
             persistence_mode=_flag(gpu, "persistence_mode"),
@@ -481,6 +494,7 @@ def facts_from_nvml(nvml):
                 pci_bus_id=_bus_id(_text(pci.busId)),
                 pci_device_id="0x%04x" % ((int(pci.pciDeviceId) >> 16) & 0xFFFF),
                 memory_total_mib=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // 2**20,
+                memory_reserved_mib=_nvml_reserved_mib(nvml, handle),
                 compute_capability="%d.%d" % (major, minor),
                 architecture=None,
                 persistence_mode=_nvml_optional(
@@ -497,6 +511,19 @@ def facts_from_nvml(nvml):
             nvml.nvmlShutdown()
         except nvml.NVMLError:
             pass
+
+
+def _nvml_reserved_mib(nvml, handle):
+    """The driver's reserved memory in MiB, rounded up as nvidia-smi prints it; None
+    when NVML has no nvmlDeviceGetMemoryInfo_v2 (drivers before R510, old nvidia-ml-py)."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is None:
+        return None
+    try:
+        reserved = int(nvml.nvmlDeviceGetMemoryInfo(handle, version=version).reserved)
+    except nvml.NVMLError:
+        return None
+    return -(-reserved // 2**20)
 
 
 def _nvml_brand(nvml, handle):

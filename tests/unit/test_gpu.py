@@ -29,6 +29,10 @@ SYSFS = FIXTURES / "sysfs"
 # file: (driver, cuda, [(name, uuid, pci_bus_id, pci_device_id, memory_mib,
 #                        compute_capability, architecture, persistence, mig)])
 EXPECTED = {
+    # captured by scripts/device-check.sh on this project's H200 device machine
+    "device-h200-driver-580.xml": ("580.159.04", "13.0", [
+        ("NVIDIA H200", "GPU-e5560cd2-ed97-6373-3e33-eac7dc804dcc",
+         "00000000:00:06.0", "0x2335", 143771, "9.0", "hopper", True, False)]),
     "netdata-a100-sxm4-mig.xml": ("510.47.03", "11.6", [
         ("NVIDIA A100-SXM4-40GB", "GPU-27b94a00-ed54-5c24-b1fd-1054085de32a",
          "00000000:00:04.0", "0x20b0", 40960, "8.0", "ampere", False, True)]),
@@ -85,6 +89,19 @@ EXPECTED = {
         ("Tesla T4", "GPU-d37e67a5-91dd-3774-a5cb-99096249601a",
          "00000000:00:1E.0", "0x1eb8", 15360, "7.5", "turing", False, False)]),
 }
+# file: per <gpu>, fb_memory_usage/reserved in MiB as the XML says it (read by hand;
+# None where the driver prints none: R418, and the trimmed R580 excerpt)
+RESERVED_MIB = {
+    "device-h200-driver-580.xml": [616], "netdata-a100-sxm4-mig.xml": [605],
+    "netdata-rtx-2080-win.xml": [182], "netdata-rtx-3060.xml": [197],
+    "netdata-rtx-4090-driver-535.xml": [346], "netdata-rtx-pro-6000-driver-580.xml": [None],
+    "netdata-tesla-p100.xml": [103], "telegraf-a100-sxm4-v12.xml": [869],
+    "telegraf-a10g.xml": [435], "telegraf-dual_a5000-v13.xml": [450, 450],
+    "telegraf-gtx-1660-ti.xml": [None], "telegraf-pro-6000-maxq-blackwell-v13.xml": [637],
+    "telegraf-quadro-p2000-v12.xml": [66], "telegraf-rtx-3060-v12.xml": [368],
+    "telegraf-rtx-3080-v12.xml": [173], "telegraf-rtx-3080-v13.xml": [397],
+    "telegraf-tesla-t4.xml": [388],
+}
 DEVICE_KEYS = ("name", "uuid", "pci_bus_id", "pci_device_id", "memory_total_mib",
                "compute_capability", "architecture", "persistence_mode", "mig_mode")
 FACT_KEYS = {"present", "source", "driver_version", "cuda_driver_version", "count",
@@ -122,6 +139,12 @@ def test_parse_capture(name):
     assert got == devices
     assert [d["index"] for d in facts["devices"]] == list(range(len(devices)))
     json.dumps(facts)  # plain data
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_reserved_memory_of_each_capture(name):
+    facts = gpu.parse_nvidia_smi_xml(_capture(name))
+    assert [d["memory_reserved_mib"] for d in facts["devices"]] == RESERVED_MIB[name]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -332,7 +355,8 @@ def test_pci_eight_a100_with_nvswitch_bridges(tmp_path):
         assert device == {
             "index": index, "name": "A100 SXM4 80GB", "uuid": None,
             "pci_bus_id": device["pci_bus_id"], "pci_device_id": "0x20b2",
-            "memory_total_mib": None, "compute_capability": "8.0", "architecture": "ampere",
+            "memory_total_mib": None, "memory_reserved_mib": None,
+            "compute_capability": "8.0", "architecture": "ampere",
             "persistence_mode": None, "mig_mode": None, "brand": None, "datacenter": None}
     assert gpu.open_kernel_modules_supported(facts) is True
 
@@ -410,8 +434,16 @@ class FakeNVML(types.SimpleNamespace):
     def nvmlDeviceGetPciInfo(self, h):
         return types.SimpleNamespace(busId=h["bus"], pciDeviceId=h["pci_id"])
 
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return types.SimpleNamespace(total=h["mib"] * 2**20, free=0, used=0)
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        if version is None:
+            return types.SimpleNamespace(total=h["mib"] * 2**20, free=0, used=0)
+        assert version == pynvml.nvmlMemory_v2
+        if h.get("reserved") is None:  # a driver before R510: no _v2 entry point
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return types.SimpleNamespace(version=version, total=h["mib"] * 2**20,
+                                     reserved=h["reserved"], free=0, used=0)
 
     def nvmlDeviceGetCudaComputeCapability(self, h):
         return h["cc"]
@@ -439,7 +471,8 @@ def h100(index):
     return {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-h100-%d" % index,
             "bus": ("00000000:%02X:00.0" % (0x18 + 0x10 * index)).encode(),
             "pci_id": 0x233010DE, "mib": 81559, "cc": (9, 0), "persistence": 1,
-            "mig": 0, "links": [1] * 18, "brand": pynvml.NVML_BRAND_NVIDIA}
+            "mig": 0, "links": [1] * 18, "brand": pynvml.NVML_BRAND_NVIDIA,
+            "reserved": 459_276_288}
 
 
 def rtx4090():
@@ -458,8 +491,24 @@ def test_nvml_eight_h100():
     assert facts["devices"][7] == {
         "index": 7, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-h100-7",
         "pci_bus_id": "00000000:88:00.0", "pci_device_id": "0x2330",
-        "memory_total_mib": 81559, "compute_capability": "9.0", "architecture": "hopper",
+        "memory_total_mib": 81559, "memory_reserved_mib": 438,
+        "compute_capability": "9.0", "architecture": "hopper",
         "persistence_mode": True, "mig_mode": False, "brand": "NVIDIA", "datacenter": True}
+
+
+def test_nvml_reserved_memory_rounds_up_as_nvidia_smi_prints_it():
+    # the H200 of tests/fixtures/nvidia-smi/device-h200-driver-580.*: NVML's reserved
+    # 644,939,776 bytes (615.06 MiB); nvidia-smi on the same GPU printed 616 MiB
+    h200 = dict(h100(0), name="NVIDIA H200", mib=143771, reserved=644_939_776)
+    assert gpu.facts_from_nvml(FakeNVML([h200]))["devices"][0]["memory_reserved_mib"] == 616
+
+
+def test_nvml_reserved_memory_unknown_without_memory_info_v2():
+    old_driver = FakeNVML([rtx4090()])  # nvmlDeviceGetMemoryInfo_v2 missing
+    assert gpu.facts_from_nvml(old_driver)["devices"][0]["memory_reserved_mib"] is None
+    old_binding = FakeNVML([h100(0)])
+    old_binding.nvmlMemory_v2 = None  # an nvidia-ml-py without the v2 structure
+    assert gpu.facts_from_nvml(old_binding)["devices"][0]["memory_reserved_mib"] is None
 
 
 def test_nvml_geforce_without_mig_or_nvlink():
