@@ -49,7 +49,9 @@ options:
       - The host's GPUs, as the list C(ansible_facts.gpu.devices) from the C(gpu_facts)
         module; pass C("{{ ansible_facts.gpu.devices }}"). A module cannot read facts
         itself, so give this or O(gpu_facts).
-      - Each item needs C(memory_total_mib) and C(compute_capability) (C("8.9")).
+      - Each item needs C(memory_total_mib) and C(compute_capability) (C("8.9")), and
+        should have C(memory_reserved_mib) (gpu_facts gives it), since the budget starts from
+        CUDA's total, the GPU total less the driver's reserve, as vLLM's does.
       - An empty list with O(kv_cache_memory_bytes) plans for vLLM's CPU backend.
     type: list
     elements: dict

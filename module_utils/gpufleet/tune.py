@@ -486,7 +486,17 @@ def _check_gpus(gpus):
         if gpu.get("mig_mode"):
             raise TuneError(f"gpus[{i}] ({gpu.get('name')}) is in MIG mode; plan for a "
                             "MIG instance's memory explicitly or turn MIG off")
-        out.append({"memory_bytes": mem * MiB, "memory_total_mib": mem,
+        reserved = gpu.get("memory_reserved_mib")
+        if reserved is not None:
+            if isinstance(reserved, bool) or not isinstance(reserved, int) \
+                    or not 0 <= reserved < mem:
+                raise TuneError(f"gpus[{i}].memory_reserved_mib is {reserved!r}: expected "
+                                f"whole MiB from 0 to below memory_total_mib ({mem}), as "
+                                "gpu_facts reports it, or null when unknown")
+        # vLLM's budget is cudaMemGetInfo's total x gpu_memory_utilization, and CUDA's
+        # total leaves out what the driver reserves (gpu.py's module docstring).
+        out.append({"memory_bytes": (mem - (reserved or 0)) * MiB, "memory_total_mib": mem,
+                    "memory_reserved_mib": reserved,
                     "cc": _capability(gpu["compute_capability"]),
                     "name": str(gpu.get("name") or "GPU")})
     return out
@@ -776,6 +786,12 @@ def _hardware(devices, model, reasons, block_size=None):
         block_size = MLA_BLOCK_SIZE[cc[0]]
         reasons.append(f"block size {block_size}: vLLM's MLA backend for compute "
                        f"capability {cc[0]}.x uses {block_size}-token blocks.")
+    unknown = [d["name"] for d in devices if d["memory_reserved_mib"] is None]
+    if unknown:
+        reasons.append(f"GPU memory: the driver's reserved memory is unknown for "
+                       f"{unknown[0]} (a driver before R510, or gpus given without "
+                       "memory_reserved_mib), so the budget starts from the full total; "
+                       "vLLM's starts from CUDA's total, a few hundred MiB less.")
     big = gpu_bytes >= BIG_GPU_BYTES and "A100" not in devices[0]["name"]
     return {"cpu": False, "cc": cc, "gpu_bytes": gpu_bytes, "gpu_count": len(devices),
             "block_size": block_size, "defaults": DEFAULTS_BIG if big else DEFAULTS_SMALL}
