@@ -21,9 +21,9 @@ from fleet_capture import fleet_capture  # noqa: E402
 def relabel(xml, values):
     """Replace a derived capture's GPU identity with values read off the real part.
 
-    Used only where no real `nvidia-smi -q -x` of a part was found (see lab/profiles.yml):
-    every <gpu> gets the given product name, architecture, PCI device id, memory total,
-    power limit and (per GPU, in order) PCI bus id.
+    For what a capture cannot give (see lab/profiles.yml): every <gpu> gets the given
+    product name, architecture, PCI device id, memory total, power limit and (per GPU,
+    in order) PCI bus id, each only when given.
     """
     head, body = xml.split("<nvidia_smi_log", 1)
     root = ET.fromstring("<nvidia_smi_log" + body)
