@@ -351,9 +351,12 @@ def build_record(inputs, image_id, instances, driver_version=""):
     """The last-good record of a host whose deploy passed its gates.
 
     inputs: the RECORD_INPUTS values of the deploy; image_id: the image's id (sha256:..);
-    instances: the plan's instances (name, model, revision, settings_hash, mounts).
-    The image is recorded by id so a rollback runs exactly those bytes, whatever the tag
-    points at by then; each model folder by the commit its manifest recorded.
+    instances: the plan's instances (name, model, revision, settings_hash, args_hash,
+    mounts). The image is recorded by id so a rollback runs exactly those bytes, whatever
+    the tag points at by then; each model folder by the commit its manifest recorded.
+    Each instance's args_hash (serve.args_check_hash: image, arguments, environment)
+    tells vllm_server's preflight that vLLM accepted those arguments here: a rollback, or
+    a change that keeps them (a model revision, a driver), needs no argument check.
     """
     missing = [k for k in RECORD_INPUTS if k not in inputs]
     if missing:
@@ -369,7 +372,8 @@ def build_record(inputs, image_id, instances, driver_version=""):
         "models": sorted({(i["mounts"][0]["source"], str(i["revision"])) for i in instances
                           if i.get("mounts")}),
         "instances": [{"name": i["name"], "model": i["model"],
-                       "settings_hash": i["settings_hash"], "revision": i["revision"]}
+                       "settings_hash": i["settings_hash"], "revision": i["revision"],
+                       "args_hash": i.get("args_hash")}
                       for i in instances],
     }
 

@@ -250,6 +250,15 @@ def _upgraded(extra, expect_changed=("lab-h200", "lab-a10g")):
 A_STATE = {"vllm_server_models": chat_models(1024)}  # what case (a) leaves
 
 
+def args_checks(out):
+    """The hosts, one entry per check, where vllm_server ran vLLM's argument check (a
+    throwaway container of the image, about 45 s on this machine) in a playbook's output."""
+    hosts = []
+    for part in out.split("TASK [vllm_server : VLLM server | Check the new arguments")[1:]:
+        hosts += re.findall(r"^ok: \[([^\]]+)\] => \(item=", part.split("\nTASK [", 1)[0], re.M)
+    return hosts
+
+
 def test_a_settings_change_drops_no_request(lab):
     _, after, out = _upgraded(A_STATE)
     for state in after.values():
@@ -279,9 +288,12 @@ def next_image():
 
 def test_b_an_image_change_drops_no_request(lab):
     new_id = next_image()
-    _, after, _ = _upgraded({"vllm_server_models": chat_models(1024),
-                             "vllm_server_image": NEXT_IMAGE})
+    _, after, out = _upgraded({"vllm_server_models": chat_models(1024),
+                               "vllm_server_image": NEXT_IMAGE})
     assert all(state["image"] == new_id for state in after.values())
+    # a new image: checked once, on the canary; the next batch's host skips what the
+    # canary checked in this run
+    assert args_checks(out) == ["lab-h200"], args_checks(out)
 
 
 def test_d_bad_args_on_the_canary_roll_back_by_themselves(lab):
@@ -306,6 +318,9 @@ def test_d_bad_args_on_the_canary_roll_back_by_themselves(lab):
     assert after["lab-a10g"] == before["lab-a10g"]
     assert after["lab-h200"]["running"] and after["lab-h200"]["hash"] == before["lab-h200"]["hash"]
     assert "/models/no-such-tokenizer" not in after["lab-h200"]["cmd"]
+    # the bad arguments were checked (argparse takes them); the rollback's arguments are
+    # the last good deploy's, proven on this host, and not checked again
+    assert args_checks(out) == ["lab-h200"], args_checks(out)
 
 
 def _pid1_start(host):
@@ -327,6 +342,8 @@ def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
         xml = sh("docker", "exec", f"gpufleet-lab-{host}", "nvidia-smi", "-q", "-x").stdout
         assert "<driver_version>590.44.01</driver_version>" in xml
     assert "NVIDIA driver 590.44.01 verified" in out
+    # the same image, arguments and environment as the last good deploy: no argument check
+    assert args_checks(out) == [], args_checks(out)
 
 
 # Last: the inventory's own model source (the site mirror, revision main) is left behind.
@@ -352,7 +369,7 @@ def test_c_a_model_revision_change_drops_no_request(lab, second_revision):
     """The hosts fetch the new commit from olah (verified, beside the running server),
     then the containers are replaced one host at a time."""
     first, second = second_revision
-    before, after, _ = _upgraded({
+    before, after, out = _upgraded({
         "vllm_server_models": chat_models(1024), "vllm_server_image": NEXT_IMAGE,
         "nvidia_driver_branch": "590",  # as case (e) left it
         "model_fetch_endpoint": "http://127.0.0.1:8091",
@@ -360,3 +377,5 @@ def test_c_a_model_revision_change_drops_no_request(lab, second_revision):
     for host, container in CHAT_CONTAINERS.items():
         labels = json.loads(sh("docker", "inspect", container).stdout)[0]["Config"]["Labels"]
         assert labels["org.gpufleet.model-commit"] == second != first
+    # a model revision leaves the arguments as they were: no argument check
+    assert args_checks(out) == [], args_checks(out)

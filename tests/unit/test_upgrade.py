@@ -185,7 +185,7 @@ def test_parse_metrics_and_idle_counts():
 
 # ----------------------------------------------------------------- record and rollback
 INSTANCES = [{"name": "vllm-m", "model": "org/m", "revision": "abc123", "settings_hash": "s1",
-              "mounts": [{"source": "/srv/models/org/m", "target": "/models/org-m"}]}]
+              "args_hash": "a1", "mounts": [{"source": "/srv/models/org/m", "target": "/models/org-m"}]}]
 INPUTS = {"vllm_server_image": "vllm/vllm-openai:v0.20.0", "vllm_server_vllm_version": "0.32.0",
           "vllm_server_models": [{"name": "org/m", "path": "/srv/models/org/m"}],
           "vllm_server_port": 8000}
@@ -196,6 +196,8 @@ def test_record_keeps_the_image_by_id_and_model_commits():
     assert record["inputs"]["vllm_server_image"] == "sha256:feed"
     assert record["image_ref"] == "vllm/vllm-openai:v0.20.0"
     assert record["models"] == [("/srv/models/org/m", "abc123")]
+    # what vllm_server's preflight reads to skip an argument check proven on this host
+    assert [i["args_hash"] for i in record["instances"]] == ["a1"]
     with pytest.raises(upgrade.UpgradeError, match="vllm_server_port"):
         upgrade.build_record({k: v for k, v in INPUTS.items() if k != "vllm_server_port"},
                              "sha256:feed", INSTANCES)
