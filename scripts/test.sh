@@ -126,14 +126,22 @@ stage "pytest: slow tests without the lab (docker, mirrors, vLLM), beside Molecu
 # -s: the tuner's comparisons with real vLLM are printed.
 # a failing scenario ends the run here (molecule_test dies; on_exit stops Molecule's lane)
 molecule_tests "${BESIDE_SCENARIOS[@]}"
+slow_log="$ROOT/.cache/test-logs/slow.log"
 slow_rc=0
-pytest -q -s --durations=30 -m "slow and not lab" "${AFTER_MOLECULE[@]/#/--ignore=}" tests || slow_rc=$?
+pytest -q -s --durations=30 -rfE -m "slow and not lab" "${AFTER_MOLECULE[@]/#/--ignore=}" tests \
+  2>&1 | tee "$slow_log" || slow_rc=$?
 stage "waiting for Molecule"
 molecule_rc=0; wait "$molecule_pid" || molecule_rc=$?
 molecule_pid=""
 cat "$molecule_log"
 ((molecule_rc == 0)) || die "Molecule or ${AFTER_MOLECULE[*]} failed (exit $molecule_rc); its output is above"
-((slow_rc == 0)) || die "slow tests without the lab failed (exit $slow_rc); their output is above Molecule's"
+if ((slow_rc != 0)); then
+  # Molecule's output came after theirs: repeat pytest's summary of what failed and why,
+  # so that the end of the log (all a CI page may show) names it
+  log "slow tests without the lab: pytest's summary again ($slow_log)"
+  sed -n '/= short test summary info =/,$p' "$slow_log" >&2
+  die "slow tests without the lab failed (exit $slow_rc); their output is above Molecule's"
+fi
 
 stage "pytest: slow tests on the lab (the whole lab, alone)"
 # The lab run, its second run, check mode, the site.yml refusal, the control case, every
