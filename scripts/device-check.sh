@@ -7,8 +7,10 @@
 #   host.txt                where and when: date, kernel, driver, nvidia-smi version, GPUs
 #   gpu_facts-<source>.json the gpu_facts module (Ansible, real module) through NVML, through
 #                           nvidia-smi, and parsing the capture above
-#   cuda.json               libcuda's own cuDriverGetVersion and cudaMemGetInfo's total, to
-#                           hold against what gpufleet derives from the driver version
+#   cuda.json               libcuda's own cuDriverGetVersion, to hold against what gpufleet
+#                           derives from the driver version; and, for each CUDA runtime
+#                           wheel in .whl (nvidia-cuda-runtime 13.2, -cu12 12.8), whether
+#                           that libcudart runs on this driver (device count, an allocation)
 #   memory.json             what a CUDA context and cuBLAS take outside PyTorch's allocator
 #                           (the tuner's NON_TORCH_BYTES), measured the way vLLM's
 #                           MemorySnapshot does (cudaMemGetInfo used minus torch reserved)
@@ -21,7 +23,10 @@ if [[ "${1:-}" == --wheels ]]; then
   # ansible-core and what it needs beyond the device image's packages (jinja2, PyYAML and
   # packaging are there), for its Python 3.12
   mkdir -p .whl
-  for p in ansible-core==2.19.14 resolvelib==1.2.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12; do
+  # and two CUDA runtimes to try against the driver: one newer than it (13.2 on a 13.0
+  # driver: minor-version compatibility) and one older (12.8)
+  for p in ansible-core==2.19.14 resolvelib==1.2.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 \
+           nvidia-cuda-runtime==13.2.86 nvidia-cuda-runtime-cu12==12.8.90; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 -d .whl "$p" || exit 1
@@ -35,7 +40,7 @@ py=$(command -v python3)
 if ! "$py" -c 'import ansible' 2>/dev/null; then
   [[ -d .whl ]] || { echo "no Ansible and no .whl: run scripts/device-check.sh --wheels first" >&2; exit 2; }
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/device-check-site .whl/*.whl || exit 2
+    --target /tmp/device-check-site $(ls .whl/*.whl | grep -v nvidia_cuda_runtime) || exit 2
   export PYTHONPATH=/tmp/device-check-site PATH=/tmp/device-check-site/bin:$PATH
 fi
 
@@ -56,9 +61,37 @@ module nvml "sources=nvml"
 module nvidia-smi "sources=nvidia-smi"
 module capture "nvidia_smi_xml=$out/nvidia-smi-q-x.xml"
 
+# Each CUDA runtime wheel unpacked on its own (never on the Python path)
+for w in .whl/nvidia_cuda_runtime*.whl; do
+  [[ -f "$w" ]] && "$py" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+    "$w" "/tmp/device-check-cudart/$(basename "$w" .whl)"
+done
 OUT_DIR="$out" PYTHONPATH="$PWD/module_utils${PYTHONPATH:+:$PYTHONPATH}" "$py" - <<'EOF'
-import ctypes, json, os
+import ctypes, glob, json, os, subprocess, sys
 from gpufleet import cuda as gcuda
+
+# One process per libcudart: the runtime's version, the driver version it sees, the
+# device count and a 1 MiB allocation, each with its cudaError_t (0 = success).
+PROBE = r"""
+import ctypes, json, sys
+rt = ctypes.CDLL(sys.argv[1])
+out = {}
+v = ctypes.c_int()
+out["cudaRuntimeGetVersion"] = [rt.cudaRuntimeGetVersion(ctypes.byref(v)), v.value]
+out["cudaDriverGetVersion"] = [rt.cudaDriverGetVersion(ctypes.byref(v)), v.value]
+out["cudaGetDeviceCount"] = [rt.cudaGetDeviceCount(ctypes.byref(v)), v.value]
+p = ctypes.c_void_p()
+out["cudaMalloc_1MiB"] = [rt.cudaMalloc(ctypes.byref(p), 1 << 20)]
+out["cudaFree"] = [rt.cudaFree(p)]
+print(json.dumps(out))
+"""
+runtimes = {}
+for lib in sorted(glob.glob("/tmp/device-check-cudart/*/nvidia/**/libcudart.so.*", recursive=True)):
+    proc = subprocess.run([sys.executable, "-c", PROBE, lib], capture_output=True, text=True)
+    wheel = lib.split("/")[3]
+    runtimes[wheel] = {"library": lib.split(wheel + "/", 1)[1], "exit": proc.returncode,
+                       "result": json.loads(proc.stdout) if proc.returncode == 0 else None,
+                       "stderr": proc.stderr[-2000:]}
 
 out = os.environ["OUT_DIR"]
 lib = ctypes.CDLL("libcuda.so.1")
@@ -73,7 +106,7 @@ found = "%d.%d" % (v.value // 1000, (v.value % 1000) // 10)
 derived = gcuda.driver_cuda_version(driver)
 result = {"driver_version": driver, "cuDriverGetVersion": v.value, "libcuda_cuda": found,
           "gpufleet_driver_cuda_version": str(derived), "nvml_cuda_driver_version":
-          pynvml.nvmlSystemGetCudaDriverVersion()}
+          pynvml.nvmlSystemGetCudaDriverVersion(), "runtimes": runtimes}
 json.dump(result, open(os.path.join(out, "cuda.json"), "w"), indent=1)
 print("cuda:", result)
 EOF

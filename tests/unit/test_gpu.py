@@ -31,7 +31,7 @@ SYSFS = FIXTURES / "sysfs"
 EXPECTED = {
     # captured by scripts/device-check.sh on this project's H200 device machine
     "device-h200-driver-580.xml": ("580.159.04", "13.0", [
-        ("NVIDIA H200", "GPU-e5560cd2-ed97-6373-3e33-eac7dc804dcc",
+        ("NVIDIA H200", "GPU-166192c3-cdf9-ffe9-5ed0-6358f1ce50db",
          "00000000:00:06.0", "0x2335", 143771, "9.0", "hopper", True, False)]),
     "netdata-a100-sxm4-mig.xml": ("510.47.03", "11.6", [
         ("NVIDIA A100-SXM4-40GB", "GPU-27b94a00-ed54-5c24-b1fd-1054085de32a",

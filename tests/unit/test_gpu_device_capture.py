@@ -49,6 +49,26 @@ def test_the_driver_cuda_version_is_what_libcuda_says():
     assert module_facts("nvml")["cuda_driver_version"] == record["libcuda_cuda"]
 
 
+@pytest.mark.parametrize("runtime,cuda,mode", [
+    ("nvidia_cuda_runtime-13.2.86", "13.2", "minor_version"),
+    ("nvidia_cuda_runtime_cu12-12.8.90", "12.8", "native"),
+])
+def test_cuda_runtimes_run_where_the_compatibility_check_says(runtime, cuda, mode):
+    """A real libcudart newer than the driver's CUDA (13.2 on 13.0) ran on the H200 as
+    CUDA 13 minor-version compatibility says, and an older one (12.8) natively; the
+    check decides the same from the driver version alone."""
+    record = RECORD["cuda"]
+    (wheel,) = [w for w in record["runtimes"] if w.startswith(runtime + "-")]
+    ran = record["runtimes"][wheel]["result"]
+    major, minor = map(int, cuda.split("."))
+    assert ran["cudaRuntimeGetVersion"] == [0, major * 1000 + minor * 10]
+    assert ran["cudaDriverGetVersion"] == [0, 13000]
+    assert ran["cudaGetDeviceCount"] == [0, 1] and ran["cudaMalloc_1MiB"] == [0]
+    verdict = gcuda.check(record["driver_version"], ["9.0"], cuda_version=cuda,
+                          datacenter_gpu=True)
+    assert verdict["mode"] == mode and verdict["compatible"] is True
+
+
 def test_cuda_total_is_the_gpu_total_less_the_reserved_memory():
     mem = RECORD["memory"]
     cuda_total = mem["after_context"]["cuda_total"]
