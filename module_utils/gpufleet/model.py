@@ -129,6 +129,17 @@ KNOWN_MODEL_TYPES = {
     # class overwrites the file's, :93), and the sliding layers' window one token wider
     # than the config's (WINDOW_OFFSET); tested on tiny-aya-global's config.json.
     "cohere2",
+    # Five older families, each a native vLLM 0.32.0 model file (registry.py:81, 106,
+    # 123-124, 185) building one Attention per layer with no window, tested on the
+    # model's own config.json (tests/unit/test_model_families_more_d.py):
+    # Gemma 1 (GemmaForCausalLM, gemma.py:145-154, 216-223: num_key_value_heads KV
+    # heads of config.head_dim, GemmaConfig's 256 when absent, not hidden_size // heads);
+    # GPT-2 (GPT2LMHeadModel, gpt2.py:72-77, 95-102), OPT (opt.py:85-88, 106-113) and
+    # GPT-J (gpt_j.py:68-70, 104-111): one KV head per head (Attention without
+    # num_kv_heads, layers/attention/attention.py:327-328) of hidden_size // heads,
+    # GPT-J's rotary_dim only rotating part of it; Bloom (bloom.py:94-97, 127-135): the
+    # same with ALiBi slopes instead of a rotary embedding, which leaves the cache as is.
+    "gemma", "gpt2", "opt", "gptj", "bloom",
 } | ENCODER_ONLY_MODEL_TYPES
 # vLLM 0.32.0 commandr.py:237-244: "cohere swa layer sees [pos - sliding_window, pos],
 # i.e. sliding_window + 1 tokens", so Cohere2's sliding layers are built with a window
@@ -158,7 +169,43 @@ CONFIG_DEFAULTS.update({
                "max_position_embeddings": 2048},
     "gemma2": dict(_GEMMA_DEFAULTS, max_position_embeddings=8192),
     "gemma3_text": dict(_GEMMA_DEFAULTS, max_position_embeddings=131072),
+    # transformers 5.19's config classes of the older families (the fields vLLM 0.32.0's
+    # model file and engine read for the KV cache), under the names the class stores
+    # them by (CONFIG_ATTRIBUTE_MAP): configuration_gemma.py:68-75 (head_dim 256),
+    # configuration_gpt2.py:79-82, configuration_opt.py:55-64, configuration_gptj.py:53-56,
+    # configuration_bloom.py:59-61 (test-sized: a Bloom file always names its own).
+    "gemma": {"hidden_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+              "num_key_value_heads": 16, "head_dim": 256, "max_position_embeddings": 8192},
+    "gpt2": {"n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12},
+    "opt": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+            "max_position_embeddings": 2048},
+    "gptj": {"n_positions": 2048, "n_embd": 4096, "n_layer": 28, "n_head": 16},
+    "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 8},
 })
+# The other names a config class accepts for a field, as transformers 5.19 resolves them
+# (model_type: {name in config.json: field it sets}), applied before CONFIG_DEFAULTS so
+# that a default never stands beside the same field under its other name. GPT-2 and
+# GPT-J: the classes' attribute_map (configuration_gpt2.py:71-76,
+# configuration_gptj.py:45-50), so "max_position_embeddings" in a file sets n_positions.
+# Bloom: attribute_map (configuration_bloom.py:53-56) and the n_embed keyword that
+# BloomConfig.__post_init__ (:75-78) takes as hidden_size (bloomz-560m names n_embed).
+# A name given here wins over the field's own, as when the class loads the file
+# (configuration_utils.py:155-172 sets the declared fields, then the other names).
+_GPT2_NAMES = {"hidden_size": "n_embd", "max_position_embeddings": "n_positions",
+               "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
+CONFIG_ATTRIBUTE_MAP = {
+    "gpt2": _GPT2_NAMES,
+    "gptj": _GPT2_NAMES,
+    "bloom": {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+              "n_embed": "hidden_size"},
+}
+# vLLM 0.32.0 config/model.py:2561-2578: a config with none of MAX_LEN_KEYS serves
+# 2,048 tokens ("Assuming the model's maximum length is 2048") unless max_model_len is
+# given. Applied to Bloom only, whose ALiBi attention has no position table (BloomConfig
+# has no length field; bloomz-560m's file carries seq_length, bigscience/bloom's none);
+# other families without a length stay refused.
+VLLM_DEFAULT_MAX_LEN = 2048
+DEFAULT_MAX_LEN_MODEL_TYPES = ("bloom",)
 # model_type: (config key of the pattern or None, its default): layer i slides
 # unless (i + 1) is a multiple of the pattern.
 LAYER_PATTERN_DEFAULTS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern", 6),
@@ -298,6 +345,19 @@ def _refuse_unmodelled(text):
                 "gpufleet's tuner does not model this, so it does not predict the KV "
                 "cache; run vLLM once with --kv-cache-memory-bytes and read its 'KV "
                 "cache size' line instead.")
+
+
+def _config_class_names(text, model_type):
+    """The config's fields under the names its config class stores them by
+    (CONFIG_ATTRIBUTE_MAP); another name wins over the field's own, as in transformers."""
+    names = CONFIG_ATTRIBUTE_MAP.get(model_type)
+    if not names:
+        return text
+    out = {k: v for k, v in text.items() if k not in names}
+    for other, field in names.items():
+        if text.get(other) is not None:
+            out[field] = text[other]
+    return out
 
 
 def _first(cfg, *keys):
@@ -599,7 +659,16 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         _refuse_unmodelled({k: v for k, v in text.items() if k != "index_topk"})
     else:
         _refuse_unmodelled(text)
-    text = dict(CONFIG_DEFAULTS.get(model_type, {}), **text)
+    text = dict(CONFIG_DEFAULTS.get(model_type, {}), **_config_class_names(text, model_type))
+    if model_type == "gpt2":
+        # vLLM 0.32.0 gpt2.py:200-202 asserts these three off (GPT2Config's defaults).
+        on = [k for k in ("add_cross_attention", "scale_attn_by_inverse_layer_idx",
+                          "reorder_and_upcast_attn") if text.get(k)]
+        if on:
+            raise UnsupportedModelError(
+                f"{source}: {', '.join(on)} is set; vLLM's GPT-2 (gpt2.py) refuses such a "
+                "checkpoint (it asserts each of add_cross_attention, "
+                "scale_attn_by_inverse_layer_idx and reorder_and_upcast_attn is false)")
     if model_type == "gpt_bigcode" and _first(
             text, "n_head_kv", "num_kv_heads", "num_key_value_heads") is None:
         # transformers 5.19 GPTBigCodeConfig (configuration_gpt_bigcode.py:83) writes
@@ -631,6 +700,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     hidden = _first(text, "hidden_size", "n_embd", "d_model")
     head_dim = text.get("head_dim")
     max_pos = _first(text, *MAX_LEN_KEYS)
+    if max_pos is None and model_type in DEFAULT_MAX_LEN_MODEL_TYPES:
+        max_pos = VLLM_DEFAULT_MAX_LEN
     missing = [field for field, value in (
         ("num_hidden_layers", num_layers), ("num_attention_heads", num_heads),
         ("hidden_size (or head_dim)", hidden if head_dim is None else head_dim),
