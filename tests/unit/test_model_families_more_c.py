@@ -202,6 +202,12 @@ def test_cohere2_window_without_vllms_extra_token(monkeypatch):
     ("olmo-2-1124-7b-instruct", "olmo2"),
     ("falcon-7b-instruct", "falcon"),
     ("deepseek-v2-lite", "deepseek_v2"),
+    # test_model_families_more_d.py's families
+    ("gemma-7b", "gemma"),
+    ("gpt2", "gpt2"),
+    ("opt-125m", "opt"),
+    ("gpt-j-6b", "gptj"),
+    ("bloomz-560m", "bloom"),
 ])
 def test_families_outside_the_table_are_refused(monkeypatch, name, model_type):
     # control: without the table entry the config is refused, as before these were read
