@@ -385,6 +385,11 @@ def _check_bind_address(address):
 _CACHE_DIGEST = re.compile(r"[0-9a-f]{12,64}")
 
 
+def _image_digest(image_id):
+    """An image ID's hex digits: 'sha256:<hex>' -> '<hex>' (a bare digest as it is)."""
+    return str(image_id).split(":", 1)[-1]
+
+
 def cache_dir(cache_root, image_id):
     """The host folder of the kept vLLM cache of one image: one per image ID, so what an
     image writes there is read by that image only (another image, even a hostile one,
@@ -395,7 +400,7 @@ def cache_dir(cache_root, image_id):
         raise PlanError(f"vllm_server_cache_root {cache_root!r} is not an absolute path: "
                         "give a folder on the host, e.g. /var/lib/gpufleet/vllm-cache, "
                         "or '' for no kept cache")
-    digest = str(image_id).split(":", 1)[-1]
+    digest = _image_digest(image_id)
     if not _CACHE_DIGEST.fullmatch(digest):
         raise PlanError(f"image ID {image_id!r} is not a Docker image ID (sha256:<hex>), so "
                         "no cache folder can be named after it")
@@ -411,7 +416,7 @@ def stale_cache_dirs(names, in_use):
     64 hex digits) and no ID in use begins with that name: no container can mount it
     again. Anything else in the root is not the role's and is left alone.
     """
-    digests = [str(i).split(":", 1)[-1] for i in in_use if i]
+    digests = [_image_digest(i) for i in in_use if i]
     return sorted(n for n in names
                   if _CACHE_DIGEST.fullmatch(n) and not any(d.startswith(n) for d in digests))
 
