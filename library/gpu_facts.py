@@ -160,11 +160,9 @@ from ansible.module_utils.gpufleet.gpu import (
     SOURCES,
     GpuFactsError,
     gather,
+    nvidia_smi_runner,
     parse_nvidia_smi_xml,
 )
-
-# Where NVIDIA's packages and the container toolkit put nvidia-smi besides the PATH.
-_NVIDIA_SMI_DIRS = ["/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin"]
 
 
 def _read_capture(module, path):
@@ -187,18 +185,7 @@ def _nvidia_smi_runner(module):
         module.fail_json(msg="nvidia_smi_path %s is not an executable file: give the "
                              "path of nvidia-smi, or leave it unset to search the PATH"
                              % path)
-    if path is None:
-        path = module.get_bin_path("nvidia-smi", required=False, opt_dirs=_NVIDIA_SMI_DIRS)
-        if path is None:
-            return None
-
-    def run():
-        rc, out, err = module.run_command([path, "-q", "-x"])
-        if rc != 0:
-            raise RuntimeError("%s -q -x exited %d: %s" % (path, rc, (err or out).strip()[:400]))
-        return out
-
-    return run
+    return nvidia_smi_runner(module, path)
 
 
 def main():

@@ -43,6 +43,8 @@ __all__ = [
     "empty_facts",
     "facts_from_nvml",
     "facts_from_pci",
+    "nvidia_smi_runner",
+    "NVIDIA_SMI_DIRS",
     "gather",
     "open_kernel_modules_supported",
     "parse_nvidia_smi_xml",
@@ -618,6 +620,28 @@ def facts_from_pci(sysfs_root="/sys"):
 # ---------------------------------------------------------------------------
 # Orchestration
 # ---------------------------------------------------------------------------
+
+# Where NVIDIA's packages and the container toolkit put nvidia-smi besides the PATH.
+NVIDIA_SMI_DIRS = ["/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin"]
+
+
+def nvidia_smi_runner(module, path=None):
+    """gather()'s run_nvidia_smi for an Ansible module (its get_bin_path and run_command):
+    `nvidia-smi -q -x` from `path`, or from the PATH and NVIDIA_SMI_DIRS; None when there
+    is no nvidia-smi."""
+    if path is None:
+        path = module.get_bin_path("nvidia-smi", required=False, opt_dirs=NVIDIA_SMI_DIRS)
+        if path is None:
+            return None
+
+    def run():
+        rc, out, err = module.run_command([path, "-q", "-x"])
+        if rc != 0:
+            raise RuntimeError("%s -q -x exited %d: %s" % (path, rc, (err or out).strip()[:400]))
+        return out
+
+    return run
+
 
 def _import_pynvml():
     import pynvml  # noqa: PLC0415 (optional dependency, imported only when used)

@@ -83,6 +83,39 @@ def packages_to_hold(dpkg_query_lines, names):
     return hoststack.packages_to_hold(dpkg_query_lines, names)
 
 
+def state_var_pattern(playbook_dir):
+    """The variables that are a host's inputs for the state check: every variable named
+    after one of the playbook's roles (`roles/<name>`) or `gpufleet_`, except the state
+    check's own `gpufleet_state_*`."""
+    roles = sorted(n for n in os.listdir(os.path.join(playbook_dir, "roles"))
+                   if os.path.isdir(os.path.join(playbook_dir, "roles", n)))
+    return "^(?!gpufleet_state_)(%s)_" % "|".join(roles + ["gpufleet"])
+
+
+_CODE_DIGESTS = {}
+
+
+def state_digest(values, names, playbook_dir, extra=()):
+    """gpufleet.hoststate.inputs_digest of a host: its variables (names and values) and
+    the playbook's code (its digest computed once per process)."""
+    from gpufleet import hoststate
+
+    if playbook_dir not in _CODE_DIGESTS:
+        _CODE_DIGESTS[playbook_dir] = hoststate.code_digest(playbook_dir)
+    try:
+        return hoststate.inputs_digest(list(names), list(values), _CODE_DIGESTS[playbook_dir],
+                                       extra)
+    except hoststate.HostStateError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def state_published(plan, tunes):
+    """gpufleet.hoststate.published_facts: what the state record keeps for later plays."""
+    from gpufleet import hoststate
+
+    return hoststate.published_facts(plan, tunes)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -103,4 +136,7 @@ class FilterModule:
             "gpufleet_reachable_target": reachable_target,
             "gpufleet_missing_packages": missing_packages,
             "gpufleet_packages_to_hold": packages_to_hold,
+            "gpufleet_state_var_pattern": state_var_pattern,
+            "gpufleet_state_digest": state_digest,
+            "gpufleet_state_published": state_published,
         }

@@ -7,13 +7,17 @@ of lab/profiles.yml reached over SSH, driver, container runtime and the tiny mod
 model served: vllm_server_models is empty, so the serving play plans and starts nothing):
 
   first    site.yml on the fresh hosts (every host must end with failed=0, unreachable=0)
-  no-op    site.yml again: nothing to do (changed=0 on every host, else it is reported)
+  no-op    site.yml again: nothing to do (changed=0 on every host, else it is reported);
+           the state play finds every host as its first run left it and skips it
+  full     the no-op once more with the state check off (-e gpufleet_state_check=false):
+           every role runs on every host, as every no-op run did before the state check
   setup    `ansible all -m setup` on the same hosts (bare fact gathering)
 
 each timed (wall) with the control node's CPU: user + system time of the ansible process
 and of every process it waited for (os.wait4's rusage: its forks, the ssh clients; not
 the ControlPersist masters ssh leaves in the background), in all and per host; and the
-ratios no-op / setup.
+ratios no-op / setup. A second table puts the no-op run beside the full one: what the
+state check saves, and how many hosts it skipped (the fleet table's "unchanged: skipped").
 
     .venv/bin/python tests/bench/bench_fleet.py [--hosts 3,10,25] [--keep] [--mitogen]
 
@@ -121,6 +125,36 @@ def table(rows):
     return "\n".join(out)
 
 
+def skipped_hosts(text):
+    """The hosts the fleet table of a site.yml output shows as skipped by the state check."""
+    return sorted(set(re.findall(r"^(\S+)\s*\|.*\(unchanged: skipped\)", _ANSI.sub("", text), re.M)))
+
+
+def state_table(rows):
+    """Markdown table: the no-op run (the state check skips unchanged hosts) beside the
+    same no-op with the state check off (every role on every host), each against setup."""
+    head = ["hosts", "skipped", "no-op: wall s", "no-op: CPU s", "full: wall s", "full: CPU s",
+            "no-op / host: CPU s", "full / host: CPU s", "setup / host: CPU s",
+            "no-op / setup: wall", "no-op / setup: CPU", "full / setup: wall", "full / setup: CPU",
+            "no-op / full: CPU"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "full" not in r:
+            continue
+        n, noop, full, setup = r["hosts"], r["noop"], r["full"], r["setup"]
+        cells = [str(n), f"{r.get('skipped', 0)} of {n}", f"{noop[0]:.1f}", f"{noop[1]:.1f}",
+                 f"{full[0]:.1f}", f"{full[1]:.1f}"]
+        if r.get("noop_failed") or r.get("full_failed"):
+            cells += ["run failed"] + ["-"] * 7
+        else:
+            cells += [f"{noop[1] / n:.2f}", f"{full[1] / n:.2f}", f"{setup[1] / n:.3f}",
+                      f"{ratio(noop[0], setup[0]):.1f}x", f"{ratio(noop[1], setup[1]):.1f}x",
+                      f"{ratio(full[0], setup[0]):.1f}x", f"{ratio(full[1], setup[1]):.1f}x",
+                      f"{ratio(noop[1], full[1]):.2f}x"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def mitogen_table(rows):
     """Markdown table: the no-op run and setup with the default strategy (linear) and with
     Mitogen's, on the same hosts, and Mitogen's against linear (rows with --mitogen)."""
@@ -179,7 +213,9 @@ def main(argv=None):
                PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}")
     playbook = ["ansible-playbook", "-i", str(INVENTORY), "site.yml"]
     setup = ["ansible", "all", "-i", str(INVENTORY), "-m", "ansible.builtin.setup"]
-    runs = [("first", playbook, False, env), ("noop", playbook, True, env), ("setup", setup, False, env)]
+    full = playbook + ["-e", "gpufleet_state_check=false"]
+    runs = [("first", playbook, False, env), ("noop", playbook, True, env),
+            ("full", full, True, env), ("setup", setup, False, env)]
     if args.mitogen:
         menv = mitogen_env(env)
         runs += [("noop-mitogen", playbook, True, menv), ("setup-mitogen", setup, False, menv)]
@@ -206,8 +242,10 @@ def main(argv=None):
                     continue
                 recap = parse_recap(log.read_text())
                 problems = check_recap(recap, hosts, expect_no_change=no_change)
-                if key.startswith("noop"):
+                if key.startswith(("noop", "full")):
                     row[f"{key}_changed"] = sum(c.get("changed", 0) for c in recap.values())
+                if key == "noop":
+                    row["skipped"] = len(skipped_hosts(log.read_text()))
                 if rc or problems:
                     failures.append(f"{n} hosts, {key}: exit {rc}; " + "; ".join(problems))
                     row[f"{key}_failed"] = f"exit {rc}"
@@ -215,6 +253,7 @@ def main(argv=None):
             print(f"[bench] {n} hosts: fleet-up {up:.0f} s", flush=True)
             # the table so far: a run stopped at a larger size keeps the smaller ones
             print(table(rows), flush=True)
+            print(state_table(rows), flush=True)
     finally:
         if not args.keep:
             lab("fleet-down")
@@ -222,6 +261,9 @@ def main(argv=None):
     print(f"\nbench_fleet.py --hosts {args.hosts}, {started:%Y-%m-%d %H:%M} UTC, "
           f"{os.cpu_count()} CPUs, forks from ansible.cfg\n")
     print(table(rows))
+    print("\nThe no-op run (the state check skips unchanged hosts) beside the same run with "
+          "the state check off (every role runs):\n")
+    print(state_table(rows))
     if args.mitogen:
         print("\nThe same no-op run and setup with Mitogen's strategy:\n")
         print(mitogen_table(rows))

@@ -189,13 +189,51 @@ def test_prometheus_scrapes_every_serving_instance(lab):
     assert "SUCCESS: 5 rules found" in rules, rules
 
 
+SERVING = ("lab-h200", "lab-a10g", "lab-a100")  # the GPU hosts the lab run recorded
+
+
+def skipped(out):
+    """The hosts the fleet table shows as skipped by site.yml's state play."""
+    return sorted(re.findall(r"^(\S+)\s*\|.*\(unchanged: skipped\)", out, re.M))
+
+
+def host_sh(host, command):
+    return sh("docker", "exec", f"gpufleet-lab-{host}", "bash", "-c", command).stdout
+
+
 def test_a_second_site_run_changes_nothing(lab):
+    """The state play skips every host its first run left unchanged, in one round trip;
+    each skipped host's instances still answer the summary's request. Then drift on two
+    hosts (a removed driver hold, a hand edit of a file nvidia_driver writes): those two,
+    and only those, run in full and are repaired."""
     rc, out = playbook("site.yml", limit="")
     stats = recap(out)
     assert rc != 0 and stats["lab-4090"]["failed"] == 1, out[-3000:]  # refused again, on purpose
     assert {h: s["changed"] for h, s in stats.items() if h != "lab-4090"} == {
         h: 0 for h in stats if h != "lab-4090"}, stats
     assert {"lab-h200", "lab-a10g", "lab-a100", "lab-gw", "localhost"} <= set(stats), failures(out)
+    assert skipped(out) == sorted(SERVING), out[-4000:]
+    assert "serving, answered (unchanged: skipped)" in out
+    # no role ran on a skipped host (the 4090 is refused before the host stack)
+    assert "TASK [nvidia_driver :" not in out and "TASK [vllm_server : VLLM server | Plan" not in out
+
+    held = host_sh("lab-h200", "apt-mark showhold").split()
+    assert held, "the lab run left no package held on lab-h200"
+    host_sh("lab-h200", f"apt-mark unhold {held[0]}")
+    conf = "/etc/modprobe.d/blacklist-nouveau.conf"
+    original = host_sh("lab-a100", f"cat {conf}")
+    host_sh("lab-a100", f"echo '# edited by hand' >> {conf}")
+
+    rc, out = playbook("site.yml", limit="")
+    stats = recap(out)
+    assert rc != 0 and stats["lab-4090"]["failed"] == 1, why(out)
+    assert skipped(out) == ["lab-a10g"], why(out)
+    assert re.search(r"lab-h200.*file /var/lib/dpkg/status: changed", out), why(out)
+    assert re.search(r"lab-a100.*file /etc/modprobe\.d/blacklist-nouveau\.conf: changed", out), why(out)
+    assert stats["lab-h200"]["changed"] >= 1 and stats["lab-a100"]["changed"] >= 1, stats
+    assert stats["lab-a10g"]["changed"] == 0, stats
+    assert held[0] in host_sh("lab-h200", "apt-mark showhold").split()
+    assert host_sh("lab-a100", f"cat {conf}") == original
 
 
 def test_upgrade_check_mode_prints_the_plan_and_changes_nothing(lab):

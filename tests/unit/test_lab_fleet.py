@@ -172,3 +172,23 @@ def test_mitogen_table_compares_with_linear_and_gives_a_failed_run_no_ratios():
     assert failed[2] == ok[2]  # linear's row unchanged
     assert failed[3].split(" | ")[7:] == ["run failed (exit 2)", "-", "-", "-", "- |"]
     assert bench.mitogen_table([{k: v for k, v in row.items() if "mitogen" not in k}]).count("\n") == 1
+
+
+def test_state_table_puts_the_noop_beside_the_full_run():
+    row = {"hosts": 3, "first": (130.0, 44.0), "noop": (6.0, 3.0), "noop_changed": 0, "skipped": 3,
+           "full": (51.6, 36.3), "full_changed": 0, "setup": (1.5, 1.2)}
+    lines = bench.state_table([row]).splitlines()
+    assert len(lines) == 3
+    assert lines[2].split(" | ")[1:] == ["3 of 3", "6.0", "3.0", "51.6", "36.3", "1.00", "12.10", "0.400",
+                                         "4.0x", "2.5x", "34.4x", "30.2x", "0.08x |"]
+    failed = bench.state_table([dict(row, noop_failed="exit 2")]).splitlines()[2].split(" | ")
+    assert failed[6:] == ["run failed", "-", "-", "-", "-", "-", "-", "- |"]
+    assert bench.state_table([{k: v for k, v in row.items() if k != "full"}]).count("\n") == 1
+
+
+def test_skipped_hosts_are_read_from_the_fleet_table():
+    out = ("host     | GPUs | driver | status\n"
+           "fleet-01 | 1x A10G | 580.65.06 | ready, no model to serve (unchanged: skipped)\n"
+           "fleet-02 | 1x A10G | 580.65.06 | ready, no model to serve\n"
+           "\x1b[0;32mfleet-03 | 1x A10G | 580.65.06 | serving, answered (unchanged: skipped)\x1b[0m\n")
+    assert bench.skipped_hosts(out) == ["fleet-01", "fleet-03"]
