@@ -127,7 +127,7 @@ def table(rows):
 
 def skipped_hosts(text):
     """The hosts the fleet table of a site.yml output shows as skipped by the state check."""
-    return sorted(set(re.findall(r"^(\S+)\s*\|.*\(unchanged: skipped\)", _ANSI.sub("", text), re.M)))
+    return sorted(set(re.findall(r"^\s*(\S+)\s*\|.*\(unchanged: skipped\)", _ANSI.sub("", text), re.M)))
 
 
 def state_table(rows):

@@ -194,7 +194,7 @@ SERVING = ("lab-h200", "lab-a10g", "lab-a100")  # the GPU hosts the lab run reco
 
 def skipped(out):
     """The hosts the fleet table shows as skipped by site.yml's state play."""
-    return sorted(re.findall(r"^(\S+)\s*\|.*\(unchanged: skipped\)", out, re.M))
+    return sorted(re.findall(r"^\s*(\S+)\s*\|.*\(unchanged: skipped\)", out, re.M))
 
 
 def host_sh(host, command):

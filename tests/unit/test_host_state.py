@@ -266,3 +266,23 @@ def test_module_names_a_record_it_cannot_read(module_host, monkeypatch):
     result, failed = run_module(host_state.main, dict(base, state="check", inputs_digest=DIGEST),
                                 monkeypatch)
     assert failed and str(record) in result["msg"] and "remove it" in result["msg"]
+
+
+def test_every_gpu_play_after_the_state_play_skips_unchanged_hosts_first():
+    """site.yml: the state play comes first; every later play on GPU hosts keeps all of
+    them (a play whose changed hosts all fail must not end the run for the others) and
+    ends the play for a skipped host before anything else, facts gathering included."""
+    import yaml
+
+    plays = yaml.safe_load((ROOT / "site.yml").read_text())
+    assert plays[0]["name"].startswith("State | Skip") and plays[0]["hosts"] == "gpu_hosts"
+    gpu_plays = [p for p in plays[1:] if "hosts" in p and p["hosts"].startswith("gpu_hosts")]
+    assert len(gpu_plays) == 6, [p["name"] for p in gpu_plays]
+    for play in gpu_plays:
+        assert "gpufleet_state" not in play["hosts"], play["name"]
+        assert play.get("gather_facts") is False, play["name"]
+        first = play["pre_tasks"][0]
+        assert first["ansible.builtin.import_tasks"] == "playbooks/tasks/skip-unchanged.yml", play["name"]
+    skip = yaml.safe_load((ROOT / "playbooks/tasks/skip-unchanged.yml").read_text())
+    assert skip[0]["ansible.builtin.meta"] == "end_host"
+    assert "gpufleet_state_unchanged" in skip[0]["when"]

@@ -190,5 +190,6 @@ def test_skipped_hosts_are_read_from_the_fleet_table():
     out = ("host     | GPUs | driver | status\n"
            "fleet-01 | 1x A10G | 580.65.06 | ready, no model to serve (unchanged: skipped)\n"
            "fleet-02 | 1x A10G | 580.65.06 | ready, no model to serve\n"
+           "        fleet-04 | 1x A10G | 580.65.06 | ready, no model to serve (unchanged: skipped)\n"
            "\x1b[0;32mfleet-03 | 1x A10G | 580.65.06 | serving, answered (unchanged: skipped)\x1b[0m\n")
-    assert bench.skipped_hosts(out) == ["fleet-01", "fleet-03"]
+    assert bench.skipped_hosts(out) == ["fleet-01", "fleet-03", "fleet-04"]  # indented as debug prints it
