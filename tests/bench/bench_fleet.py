@@ -19,7 +19,7 @@ the ControlPersist masters ssh leaves in the background), in all and per host; a
 ratios no-op / setup. A second table puts the no-op run beside the full one: what the
 state check saves, and how many hosts it skipped (the fleet table's "unchanged: skipped").
 
-    .venv/bin/python tests/bench/bench_fleet.py [--hosts 3,10,25] [--keep] [--mitogen]
+    .venv/bin/python tests/bench/bench_fleet.py [--hosts 3,10,25] [--keep] [--no-full] [--mitogen]
 
 --mitogen also runs the no-op and setup with Mitogen's strategy (mitogen_linear), on the
 same hosts right after the plain ones, and prints its rows beside them: the alternative
@@ -200,6 +200,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", default="3,10,25", help="fleet sizes, comma-separated")
     ap.add_argument("--keep", action="store_true", help="leave the last fleet up")
+    ap.add_argument("--no-full", action="store_true",
+                    help="leave out the no-op with the state check off (a quicker re-run)")
     ap.add_argument("--mitogen", action="store_true",
                     help="also time the no-op run and setup with Mitogen's mitogen_linear strategy")
     args = ap.parse_args(argv)
@@ -216,6 +218,8 @@ def main(argv=None):
     full = playbook + ["-e", "gpufleet_state_check=false"]
     runs = [("first", playbook, False, env), ("noop", playbook, True, env),
             ("full", full, True, env), ("setup", setup, False, env)]
+    if args.no_full:
+        runs = [r for r in runs if r[0] != "full"]
     if args.mitogen:
         menv = mitogen_env(env)
         runs += [("noop-mitogen", playbook, True, menv), ("setup-mitogen", setup, False, menv)]
