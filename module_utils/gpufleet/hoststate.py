@@ -105,11 +105,16 @@ def published_facts(plan, tunes):
             if plan else {}, "tunes": {"results": settings}}
 
 
+def _at(root, path):
+    """`path` (absolute) on the host whose / is `root` (tests observe a folder)."""
+    return root + path if root != "/" else path
+
+
 def _tree(root, top):
     """{relative path: fingerprint} of every entry under `top`: a file by its bytes' sha256,
     mode and owner, a link by its target, a folder by its mode and owner."""
     seen = {}
-    base = root + top if root != "/" else top
+    base = _at(root, top)
     if not os.path.lexists(base):
         return None
     for folder, dirs, names in os.walk(base):
@@ -141,7 +146,7 @@ def _models(root, folders):
     size or mtime)."""
     result = {}
     for top in folders:
-        base = root + top if root != "/" else top
+        base = _at(root, top)
         entries = {}
         if not os.path.isdir(base):
             result[top] = None
@@ -170,7 +175,7 @@ def _gpus(facts):
 
 def _text(root, path):
     try:
-        with open(root + path if root != "/" else path, encoding="utf-8") as handle:
+        with open(_at(root, path), encoding="utf-8") as handle:
             return handle.read().strip()
     except OSError:
         return None
@@ -181,9 +186,8 @@ def observe(spec, run, gpu_facts, root="/"):
     folders; the trees and files are always read). `run(argv)` returns (rc, stdout) and is
     how services and containers are asked; `gpu_facts` is gpu_facts' result."""
     def read(path):
-        full = root + path if root != "/" else path
         try:
-            return _sha256_file(full)
+            return _sha256_file(_at(root, path))
         except FileNotFoundError:
             return None
         except OSError as exc:
