@@ -2,6 +2,7 @@
 test_upgrade_under_load.py, test_benchmark.py): commands run from the repository root."""
 import os
 import pathlib
+import re
 import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -9,6 +10,10 @@ LOGS = ROOT / ".cache/test-logs"  # .cache is not in git
 INVENTORY = ROOT / "inventories/lab/hosts.yml"
 IMAGE = "gpufleet/vllm-cpu:lab"
 NEXT_IMAGE = "gpufleet/vllm-cpu:lab-next"  # test_upgrade_under_load.next_image()
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# A host row of the fleet table (roles/fleet_summary summary.j2) for a host that
+# site.yml's state play skipped: "<host> | ... (unchanged: skipped)".
+_SKIPPED_ROW = re.compile(r"^\s*(\S+)\s*\|.*\(unchanged: skipped\)", re.M)
 
 
 def sh(*args, check=True, timeout=1800, env=None, log=None):
@@ -34,3 +39,10 @@ def sh(*args, check=True, timeout=1800, env=None, log=None):
 def key():
     """The lab's API key (scripts/lab.sh writes it, mode 0600)."""
     return (ROOT / ".cache/lab/api-key").read_text().strip()
+
+
+def skipped_hosts(text):
+    """The hosts the fleet table of a site.yml output shows as skipped by the state
+    check, sorted (colour codes allowed). The one reader of that row, for the lab test
+    and tests/bench/bench_fleet.py."""
+    return sorted(set(_SKIPPED_ROW.findall(_ANSI.sub("", text))))

@@ -34,7 +34,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from labrun import INVENTORY, NEXT_IMAGE, key, sh  # noqa: E402
+from labrun import INVENTORY, NEXT_IMAGE, key, sh, skipped_hosts  # noqa: E402
 from load.loadgen import Load  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -192,11 +192,6 @@ def test_prometheus_scrapes_every_serving_instance(lab):
 SERVING = ("lab-h200", "lab-a10g", "lab-a100")  # the GPU hosts the lab run recorded
 
 
-def skipped(out):
-    """The hosts the fleet table shows as skipped by site.yml's state play."""
-    return sorted(re.findall(r"^\s*(\S+)\s*\|.*\(unchanged: skipped\)", out, re.M))
-
-
 def host_sh(host, command):
     return sh("docker", "exec", f"gpufleet-lab-{host}", "bash", "-c", command).stdout
 
@@ -212,7 +207,7 @@ def test_a_second_site_run_changes_nothing(lab):
     assert {h: s["changed"] for h, s in stats.items() if h != "lab-4090"} == {
         h: 0 for h in stats if h != "lab-4090"}, stats
     assert {"lab-h200", "lab-a10g", "lab-a100", "lab-gw", "localhost"} <= set(stats), failures(out)
-    assert skipped(out) == sorted(SERVING), out[-4000:]
+    assert skipped_hosts(out) == sorted(SERVING), out[-4000:]
     assert "serving, answered (unchanged: skipped)" in out
     # no role ran on a skipped host (the 4090 is refused before the host stack)
     assert "TASK [nvidia_driver :" not in out and "TASK [vllm_server : VLLM server | Plan" not in out
@@ -227,7 +222,7 @@ def test_a_second_site_run_changes_nothing(lab):
     rc, out = playbook("site.yml", limit="")
     stats = recap(out)
     assert rc != 0 and stats["lab-4090"]["failed"] == 1, why(out)
-    assert skipped(out) == ["lab-a10g"], why(out)
+    assert skipped_hosts(out) == ["lab-a10g"], why(out)
     assert re.search(r"lab-h200.*file /var/lib/dpkg/status: changed", out), why(out)
     assert re.search(r"lab-a100.*file /etc/modprobe\.d/blacklist-nouveau\.conf: changed", out), why(out)
     assert stats["lab-h200"]["changed"] >= 1 and stats["lab-a100"]["changed"] >= 1, stats
