@@ -97,6 +97,10 @@ QUANT_MIN_CAPABILITY = {"awq": (7, 5), "gptq": (6, 0), "fp8": (8, 0)}
 # 0.8.0) stored fp8 and converted in its kernels with no hardware support (#4827).
 V1_DEFAULT_SINCE = "0.8.0"
 FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+# vLLM 0.32.0 config/model.py:2381-2386 _FLOAT16_NOT_SUPPORTED_MODELS: model types it
+# refuses to run in float16 ("Numerical instability"); --dtype auto then skips float16,
+# so a Turing GPU serves them in float32 (_resolve_auto_dtype).
+FLOAT16_REFUSED_MODEL_TYPES = ("gemma2", "gemma3", "gemma3_text", "glm4")
 KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2,
                   "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": None}
 # Hardware defaults of the API server (vllm/engine/arg_utils.py
@@ -503,8 +507,11 @@ def _check_gpus(gpus):
 
 
 def _served_dtype(model, cc, requested, reasons, cpu):
-    """The --dtype to emit and its element size."""
+    """The --dtype to emit and its element size: what vLLM 0.32.0's --dtype auto picks
+    (config/model.py _resolve_auto_dtype), or the user's choice where vLLM accepts it."""
     quant = (model.get("quantization") or {}).get("method")
+    model_type = model.get("model_type")
+    no_float16 = model_type in FLOAT16_REFUSED_MODEL_TYPES
     if requested not in (None, "auto"):
         if requested not in ("bfloat16", "float16", "float32"):
             raise TuneError(f"dtype {requested!r} is not auto, bfloat16, float16 or "
@@ -513,7 +520,12 @@ def _served_dtype(model, cc, requested, reasons, cpu):
             raise TuneError(
                 f"dtype bfloat16 needs compute capability >= 8.0 and this GPU has "
                 f"{cc[0]}.{cc[1]} (gpu_worker.py _check_if_gpu_supports_dtype); use "
-                "float16")
+                + ("float32" if no_float16 else "float16"))
+        if requested == "float16" and no_float16:
+            raise TuneError(
+                f"dtype float16: vLLM refuses float16 for model_type {model_type!r} "
+                "(config/model.py _FLOAT16_NOT_SUPPORTED_MODELS: numerical instability); "
+                "use bfloat16 (compute capability >= 8.0) or float32")
         reasons.append(f"dtype {requested}: set by the user.")
         return requested, 4 if requested == "float32" else 2
     if quant in ("awq", "gptq"):
@@ -523,17 +535,36 @@ def _served_dtype(model, cc, requested, reasons, cpu):
     if cpu:
         reasons.append("dtype bfloat16: the CPU backend runs 16-bit models in bfloat16.")
         return "bfloat16", 2
+    # _resolve_auto_dtype: the platform's dtypes (platforms/cuda.py supported_dtypes:
+    # bfloat16 from compute capability 8.0), less float16 for the model types vLLM
+    # refuses it for; a pooling model prefers float16, others the first.
+    supported = ["bfloat16", "float16", "float32"] if _has(cc, "bf16") else [
+        "float16", "float32"]
+    if no_float16:
+        supported.remove("float16")
+    preferred = "float16" if model["kind"] == "pooling" and "float16" in supported \
+        else supported[0]
     wanted = model["torch_dtype"]
-    if wanted in ("bfloat16", "float32") and _has(cc, "bf16"):
-        reasons.append(f"dtype bfloat16: the checkpoint is {wanted} and compute "
-                       f"capability {cc[0]}.{cc[1]} >= 8.0 supports bfloat16.")
-        return "bfloat16", 2
-    if wanted == "bfloat16":
-        reasons.append(f"dtype float16: compute capability {cc[0]}.{cc[1]} < 8.0 has no "
-                       "bfloat16 (vLLM refuses it there).")
+    cc_text = f"compute capability {cc[0]}.{cc[1]}"
+    if wanted == "float32":
+        chosen = preferred
+        why = (f"the checkpoint is float32, which vLLM serves in its preferred "
+               f"{preferred} on {cc_text}"
+               + (" (float16 for a pooling model)" if model["kind"] == "pooling" else ""))
+    elif wanted in supported:
+        chosen = wanted
+        why = (f"the checkpoint is {wanted} and {cc_text} >= 8.0 supports bfloat16"
+               if wanted == "bfloat16" else f"the checkpoint is {wanted}")
     else:
-        reasons.append(f"dtype float16: the checkpoint is {wanted}.")
-    return "float16", 2
+        chosen = preferred
+        why = (f"{cc_text} < 8.0 has no bfloat16 (vLLM refuses it there)"
+               if wanted == "bfloat16" else
+               f"the checkpoint is {wanted}, which vLLM does not serve here")
+    if no_float16 and chosen != wanted:
+        why += (f"; vLLM refuses float16 for model_type {model_type!r} "
+                "(_FLOAT16_NOT_SUPPORTED_MODELS)")
+    reasons.append(f"dtype {chosen}: {why}.")
+    return chosen, 4 if chosen == "float32" else 2
 
 
 def _kv_dtype(requested, allow_fp8, cc, version, cpu, reasons):
@@ -804,6 +835,10 @@ def _served_weights(model, act_bytes, reasons):
     if fp32 and act_bytes == 2 and not model.get("quantization"):
         reasons.append("weights: float32 checkpoint served in 16 bits, half its bytes.")
         return weights // 2
+    if not fp32 and act_bytes == 4 and not model.get("quantization"):
+        # vLLM upcasts a 16-bit checkpoint served as --dtype float32 ("Upcasting").
+        reasons.append("weights: 16-bit checkpoint served in float32, twice its bytes.")
+        return weights * 2
     return weights
 
 

@@ -404,13 +404,62 @@ def test_fp8_kv_refused_below_sm89_on_v1_and_emulated_on_v0():
 
 
 def test_bf16_only_on_ampere_and_newer():
-    model = hybrid_model(20, 4)  # a bfloat16 checkpoint of 8 GiB
+    # a bfloat16 Llama-layout checkpoint of 4 GiB (Llama-3.1-8B's config)
+    model = describe("llama-3.1-8b", 4 * GiB)
     result = t.plan(model, T4, max_model_len=4096)
     assert result["settings"]["dtype"] == "float16"
     assert any("7.5 < 8.0" in r for r in result["reasons"])
     with pytest.raises(t.TuneError, match="bfloat16 needs compute capability >= 8.0"):
         t.plan(model, T4, max_model_len=4096, dtype="bfloat16")
     assert t.plan(model, A10G, max_model_len=4096)["settings"]["dtype"] == "bfloat16"
+
+
+def test_float16_is_never_chosen_for_the_model_types_vllm_refuses_it_for():
+    # vLLM 0.32.0 config/model.py:2381-2386 _FLOAT16_NOT_SUPPORTED_MODELS (gemma2,
+    # gemma3, gemma3_text, glm4): --dtype float16 is a ValueError, and --dtype auto
+    # leaves float16 out (_resolve_auto_dtype), so a Turing GPU (no bfloat16) serves
+    # them in float32 and the 16-bit weights are upcast to twice their bytes.
+    model = hybrid_model(20, 4)  # gemma3_text, a bfloat16 checkpoint of 8 GiB
+    with pytest.raises(t.NoFitError) as err:  # 16 GiB of float32 weights on a 15 GiB T4
+        t.plan(model, T4, max_model_len=4096)
+    reasons = err.value.result["reasons"]
+    assert any(r.startswith("dtype float32: compute capability 7.5 < 8.0 has no bfloat16")
+               and "refuses float16 for model_type 'gemma3_text'" in r for r in reasons)
+    assert "weights: 16-bit checkpoint served in float32, twice its bytes." in reasons
+    small = hybrid_model(20, 4)
+    small["weights_bytes"] = 2 * GiB
+    result = t.plan(small, T4, max_model_len=4096)
+    assert result["settings"]["dtype"] == "float32" and "--dtype float32" in " ".join(
+        result["args"])
+    assert result["prediction"]["weights_bytes_per_gpu"] == 4 * GiB
+    with pytest.raises(t.TuneError, match="vLLM refuses float16 for model_type 'gemma3_text'"):
+        t.plan(small, A10G, max_model_len=4096, dtype="float16")
+    # where bfloat16 exists it is chosen, as for every other family
+    assert t.plan(small, A10G, max_model_len=4096)["settings"]["dtype"] == "bfloat16"
+    # control: a family vLLM runs in float16 gets float16 on the same T4
+    assert t.plan(describe("llama-3.1-8b", 2 * GiB), T4,
+                  max_model_len=4096)["settings"]["dtype"] == "float16"
+
+
+def test_a_float32_pooling_checkpoint_is_served_in_float16_as_vllm_prefers():
+    # _resolve_auto_dtype: a float32 checkpoint takes the preferred dtype, which is
+    # float16 for a pooling model (where the platform has it), else the first supported
+    # (bfloat16 from 8.0). all-MiniLM-L6-v2 (BertModel, pooling): its config.json names
+    # no dtype, so vLLM takes the safetensors' (get_torch_dtype), F32 in the fixture's
+    # header (model.safetensors.header: F32 and I64 tensors).
+    cfg = json.loads((MODELS / "all-minilm-l6-v2" / "config.json").read_text())
+    minilm = m.describe_config(cfg, weights_bytes=90_856_960, weights_dtype="F32",
+                               sentence_transformers=True)
+    assert minilm["torch_dtype"] == "float32" and minilm["kind"] == "pooling"
+    result = t.plan(minilm, A10G, max_model_len=256)
+    assert result["settings"]["dtype"] == "float16"
+    assert any("float16 for a pooling model" in r for r in result["reasons"])
+    assert "weights: float32 checkpoint served in 16 bits, half its bytes." in result["reasons"]
+    # a generative float32 checkpoint on the same GPU takes bfloat16 (the first)
+    generative = m.describe_config(dict(json.loads(
+        (MODELS / "llama-3.1-8b" / "config.json").read_text()), torch_dtype="float32"),
+        weights_bytes=2 * GiB)
+    assert t.plan(generative, A10G, max_model_len=4096)["settings"]["dtype"] == "bfloat16"
 
 
 # --- refusals and options -----------------------------------------------------------
