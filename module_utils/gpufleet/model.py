@@ -140,6 +140,16 @@ KNOWN_MODEL_TYPES = {
     # GPT-J's rotary_dim only rotating part of it; Bloom (bloom.py:94-97, 127-135): the
     # same with ALiBi slopes instead of a rotary embedding, which leaves the cache as is.
     "gemma", "gpt2", "opt", "gptj", "bloom",
+    # Read in vLLM 0.32.0 and tested on the model's own config.json
+    # (tests/unit/test_model_families_more_f.py). Gemma 3 1B (Gemma3ForCausalLM) is
+    # gemma3_text above. Qwen2-VL (registry.py:258, qwen2_vl.py:1422-1426): the
+    # language model is Qwen2ForCausalLM on the text config transformers 5.19 builds
+    # from the top-level fields (configuration_qwen2_vl.py:107-119: no window unless
+    # use_sliding_window), qwen2.py:150 head hidden_size // heads, :269
+    # num_key_value_heads. ERNIE 4.5 MoE (registry.py:98, ernie45_moe.py:237-247,
+    # 318-322): num_key_value_heads KV heads of head_dim or hidden_size // heads, one
+    # Attention per layer, no window.
+    "qwen2_vl", "ernie4_5_moe",
 } | ENCODER_ONLY_MODEL_TYPES
 # vLLM 0.32.0 commandr.py:237-244: "cohere swa layer sees [pos - sliding_window, pos],
 # i.e. sliding_window + 1 tokens", so Cohere2's sliding layers are built with a window
@@ -198,6 +208,10 @@ CONFIG_ATTRIBUTE_MAP = {
     "gptj": _GPT2_NAMES,
     "bloom": {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
               "n_embed": "hidden_size"},
+    # ERNIE 4.5 MoE: Ernie4_5_MoeConfig's attribute_map (configuration_ernie4_5_moe.py:61)
+    # answers num_experts / num_experts_per_tok with the file's moe_num_experts / moe_k,
+    # the routed experts ernie45_moe.py:136, 186-187 builds.
+    "ernie4_5_moe": {"moe_num_experts": "num_experts", "moe_k": "num_experts_per_tok"},
 }
 # vLLM 0.32.0 config/model.py:2561-2578: a config with none of MAX_LEN_KEYS serves
 # 2,048 tokens ("Assuming the model's maximum length is 2048") unless max_model_len is
