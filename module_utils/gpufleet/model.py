@@ -182,6 +182,20 @@ CONFIG_DEFAULTS.update({
     "gptj": {"n_positions": 2048, "n_embd": 4096, "n_layer": 28, "n_head": 16},
     "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 8},
 })
+# The same config classes' defaults for a multimodal wrapper's text_config, which the
+# wrapper's config class builds with CONFIG_MAPPING[model_type](**text_config)
+# (transformers 5.19 configuration_llava.py:81-83), so every field the file leaves out
+# takes the class's default, and vLLM reads that object (config.py get_hf_text_config,
+# llava.py:569-572). llava-hf's Llava 1.5 files name only max_position_embeddings and
+# vocab_size in a llama text_config: LlamaConfig (configuration_llama.py:64-71) fills
+# hidden_size 4096, 32 layers, 32 heads, and (:87-90) head_dim = hidden // heads, one KV
+# head per head, the tuner's own rules. A top-level config.json without them is still
+# refused (test_model.py test_config_lacking_fields_names_them).
+TEXT_CONFIG_DEFAULTS = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32,
+              "max_position_embeddings": 2048},
+}
 # The other names a config class accepts for a field, as transformers 5.19 resolves them
 # (model_type: {name in config.json: field it sets}), applied before CONFIG_DEFAULTS so
 # that a default never stands beside the same field under its other name. GPT-2 and
@@ -659,7 +673,10 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         _refuse_unmodelled({k: v for k, v in text.items() if k != "index_topk"})
     else:
         _refuse_unmodelled(text)
-    text = dict(CONFIG_DEFAULTS.get(model_type, {}), **_config_class_names(text, model_type))
+    defaults = CONFIG_DEFAULTS.get(model_type, {})
+    if text is not cfg:
+        defaults = dict(TEXT_CONFIG_DEFAULTS.get(model_type, {}), **defaults)
+    text = dict(defaults, **_config_class_names(text, model_type))
     if model_type == "gpt2":
         # vLLM 0.32.0 gpt2.py:200-202 asserts these three off (GPT2Config's defaults).
         on = [k for k in ("add_cross_attention", "scale_attn_by_inverse_layer_idx",
