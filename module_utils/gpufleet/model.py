@@ -140,6 +140,12 @@ KNOWN_MODEL_TYPES = {
     # GPT-J's rotary_dim only rotating part of it; Bloom (bloom.py:94-97, 127-135): the
     # same with ALiBi slopes instead of a rotary embedding, which leaves the cache as is.
     "gemma", "gpt2", "opt", "gptj", "bloom",
+    # Slice g (tests/unit/test_model_families_more_g.py), read in vLLM 0.32.0. Llava 1.5
+    # needs no entry: its text_config is llama (see TEXT_CONFIG_DEFAULTS).
+    # OLMoE (OlmoeForCausalLM, registry.py:184, olmoe.py:130-147, 180-188, 287-288):
+    # num_key_value_heads KV heads of hidden_size // heads (config.head_dim is not read),
+    # Attention without a window; the q/k norms and the 64 experts leave the cache as is.
+    "olmoe",
 } | ENCODER_ONLY_MODEL_TYPES
 # vLLM 0.32.0 commandr.py:237-244: "cohere swa layer sees [pos - sliding_window, pos],
 # i.e. sliding_window + 1 tokens", so Cohere2's sliding layers are built with a window

@@ -51,3 +51,26 @@ def test_llava_1_5_7b_language_model_takes_llama_config_defaults(monkeypatch):
     monkeypatch.setattr(m, "TEXT_CONFIG_DEFAULTS", {})
     with pytest.raises(m.ModelError, match="lacks num_hidden_layers, num_attention_heads"):
         m.describe_config(cfg, weights_bytes=1)
+
+
+def test_olmoe_0125_instruct_is_mha_hidden_over_heads(monkeypatch):
+    # allenai/OLMoE-1B-7B-0125-Instruct (OlmoeForCausalLM, model_type olmoe). registry.py:184
+    # -> olmoe.py (native). olmoe.py:130-146 OlmoeAttention: 16 heads,
+    # total_num_kv_heads = num_key_value_heads 16 (split across TP ranks, replicated below
+    # their count); :147 head_dim = hidden_size // heads = 2048 // 16 = 128 (config.head_dim
+    # is never read); :164-165 q/k RMSNorms over all heads (numerics, not the cache);
+    # :180-188 Attention(num_heads, head_dim, num_kv_heads) without a window; :287-288
+    # make_layers(num_hidden_layers 16). 64 experts, 8 per token (MoE MLP). Context
+    # max_position_embeddings 4096, rope_scaling null, torch_dtype bfloat16.
+    cfg = load("olmoe-1b-7b-0125-instruct")
+    assert "head_dim" not in cfg and cfg["num_key_value_heads"] == cfg["num_attention_heads"]
+    # 2 x 16 x 128 x 2 = 8,192 bytes per token per layer
+    desc = check_full_decoder(cfg, "OlmoeForCausalLM", "olmoe", (16, 16, 128), "mha",
+                              "bfloat16", 4096)
+    assert desc["moe"] == {"num_experts": 64, "experts_per_token": 8}
+    # 16 KV heads split across TP 4: 4 per GPU
+    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 4 * 128 * 2
+    # control: without its table entry the family is refused
+    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"olmoe"})
+    with pytest.raises(m.ModelError, match="not in gpufleet's table"):
+        m.describe_config(cfg, weights_bytes=1)
