@@ -146,6 +146,16 @@ KNOWN_MODEL_TYPES = {
     # num_key_value_heads KV heads of hidden_size // heads (config.head_dim is not read),
     # Attention without a window; the q/k norms and the 64 experts leave the cache as is.
     "olmoe",
+    # StableLM (StableLmForCausalLM, registry.py:205, stablelm.py:107-120, 154-161,
+    # 232-233): num_key_value_heads KV heads of hidden_size // heads; partial_rotary_factor
+    # turns only part of each head, the cache keeps all of it; no window.
+    "stablelm",
+    # EXAONE 3.0 / 3.5 (ExaoneForCausalLM, registry.py:99, exaone.py:119-136, 166-174,
+    # 243-249, 314-315) on the checkpoint's remote ExaoneConfig, whose attribute_map
+    # answers num_hidden_layers with the file's num_layers; num_key_value_heads, head_dim
+    # (else hidden_size // heads) and the lengths are in config.json itself, as for
+    # internlm2. No window.
+    "exaone",
 } | ENCODER_ONLY_MODEL_TYPES
 # vLLM 0.32.0 commandr.py:237-244: "cohere swa layer sees [pos - sliding_window, pos],
 # i.e. sliding_window + 1 tokens", so Cohere2's sliding layers are built with a window

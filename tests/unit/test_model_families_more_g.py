@@ -12,7 +12,7 @@ element bytes (check_kv_bytes), vllm/v1/kv_cache_interface.py.
 """
 import pytest
 
-from test_model_families import load
+from test_model_families import check_kv_bytes, kinds, load
 from test_model_families_more_c import check_full_decoder
 from gpufleet import model as m
 from gpufleet import tune as t
@@ -72,5 +72,67 @@ def test_olmoe_0125_instruct_is_mha_hidden_over_heads(monkeypatch):
     assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 4 * 128 * 2
     # control: without its table entry the family is refused
     monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"olmoe"})
+    with pytest.raises(m.ModelError, match="not in gpufleet's table"):
+        m.describe_config(cfg, weights_bytes=1)
+
+
+def test_stablelm_3b_4e1t_partial_rotary_does_not_size_the_cache(monkeypatch):
+    # stabilityai/stablelm-3b-4e1t (StableLmForCausalLM, model_type stablelm). registry.py:205
+    # -> stablelm.py (native) on transformers 5.19's StableLmConfig. stablelm.py:107-119
+    # StablelmAttention: 32 heads, total_num_key_value_heads = num_key_value_heads 32 (split
+    # across TP ranks, replicated below their count); :120 head_dim = hidden_size // heads =
+    # 2560 // 32 = 80 (no head_dim is read); :148-152 the rotary embedding of that head_dim
+    # with the config's rope_parameters (partial_rotary_factor 0.25: 20 of the 80
+    # dimensions turn); :154-161 Attention(num_heads, head_dim, num_kv_heads) without a
+    # window; :232-233 make_layers(num_hidden_layers 32). Context max_position_embeddings
+    # 4096, torch_dtype bfloat16.
+    cfg = load("stablelm-3b-4e1t")
+    assert cfg["partial_rotary_factor"] == 0.25 and "head_dim" not in cfg
+    # 2 x 32 x 80 x 2 = 10,240 bytes per token per layer
+    desc = check_full_decoder(cfg, "StableLmForCausalLM", "stablelm", (32, 32, 80), "mha",
+                              "bfloat16", 4096)
+    # were the rotary part the head size, it would be 2 x 32 x 20 x 2 = 2,560
+    per_token = t.kv_layout(desc, tp=1, block_size=16)["per_token_layer_bytes"]
+    assert per_token == 10240 != 2 * 32 * int(80 * cfg["partial_rotary_factor"]) * 2
+    # 32 KV heads split across TP 2: 16 per GPU
+    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 16 * 80 * 2
+    # control: without its table entry the family is refused
+    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"stablelm"})
+    with pytest.raises(m.ModelError, match="not in gpufleet's table"):
+        m.describe_config(cfg, weights_bytes=1)
+
+
+def test_exaone_3_5_7_8b_reads_num_layers_and_head_dim(monkeypatch):
+    # LGAI-EXAONE/EXAONE-3.5-7.8B-Instruct (ExaoneForCausalLM, model_type exaone, remote
+    # code: auto_map configuration_exaone.ExaoneConfig). registry.py:99 -> exaone.py
+    # (native). The remote ExaoneConfig's attribute_map {"num_hidden_layers": "num_layers"}
+    # (the copy in vLLM's former transformers_utils/configs/exaone.py, find_string id
+    # 452804856) makes exaone.py:314-315 make_layers(config.num_hidden_layers) read the
+    # file's num_layers 32; the file names no num_hidden_layers. exaone.py:243-249
+    # num_kv_heads = num_key_value_heads 8 (:119-132 split across TP ranks, replicated
+    # below 8); :133-136 head_dim = config.head_dim 128 (else 4096 // 32, also 128);
+    # :166-174 Attention without a window. Context: max_position_embeddings 32768; the
+    # llama3 rope_scaling (factor 8 over original 8192) is not applied again
+    # (config/model.py:2585-2605, "llama3" among the types skipped). torch_dtype float32
+    # in the file: vLLM downcasts a float32 checkpoint to its preferred 16-bit dtype
+    # (config/model.py:2422-2424), as the tuner's dtype choice does (tune._served_dtype).
+    cfg = load("exaone-3.5-7.8b-instruct")
+    assert "num_hidden_layers" not in cfg and cfg["num_layers"] == 32
+    assert cfg["rope_scaling"]["rope_type"] == "llama3"
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["ExaoneForCausalLM"]
+    assert desc["model_type"] == "exaone" and desc["known_architecture"] is True
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (32, 8, 128)
+    assert kinds(desc) == {"full": 32} and desc["sliding_window"] is None
+    assert desc["attention"] == "gqa" and desc["kind"] == "generative"
+    assert desc["torch_dtype"] == "float32"
+    assert t._served_dtype(desc, (9, 0), None, [], False) == ("bfloat16", 2)
+    assert desc["max_position_embeddings"] == 32768 and t.model_max_len(desc) == 32768
+    # 2 x 8 x 128 x 2 = 4,096 bytes per token per layer
+    check_kv_bytes(desc, 32, 8, 128)
+    # 8 KV heads split across TP 8: 1 per GPU
+    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
+    # control: without its table entry the family is refused
+    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"exaone"})
     with pytest.raises(m.ModelError, match="not in gpufleet's table"):
         m.describe_config(cfg, weights_bytes=1)
