@@ -150,6 +150,22 @@ KNOWN_MODEL_TYPES = {
     # 318-322): num_key_value_heads KV heads of head_dim or hidden_size // heads, one
     # Attention per layer, no window.
     "qwen2_vl", "ernie4_5_moe",
+    # Slice g (tests/unit/test_model_families_more_g.py), read in vLLM 0.32.0. Llava 1.5
+    # needs no entry: its text_config is llama (see TEXT_CONFIG_DEFAULTS).
+    # OLMoE (OlmoeForCausalLM, registry.py:184, olmoe.py:130-147, 180-188, 287-288):
+    # num_key_value_heads KV heads of hidden_size // heads (config.head_dim is not read),
+    # Attention without a window; the q/k norms and the 64 experts leave the cache as is.
+    "olmoe",
+    # StableLM (StableLmForCausalLM, registry.py:205, stablelm.py:107-120, 154-161,
+    # 232-233): num_key_value_heads KV heads of hidden_size // heads; partial_rotary_factor
+    # turns only part of each head, the cache keeps all of it; no window.
+    "stablelm",
+    # EXAONE 3.0 / 3.5 (ExaoneForCausalLM, registry.py:99, exaone.py:119-136, 166-174,
+    # 243-249, 314-315) on the checkpoint's remote ExaoneConfig, whose attribute_map
+    # answers num_hidden_layers with the file's num_layers; num_key_value_heads, head_dim
+    # (else hidden_size // heads) and the lengths are in config.json itself, as for
+    # internlm2. No window.
+    "exaone",
 } | ENCODER_ONLY_MODEL_TYPES
 # vLLM 0.32.0 commandr.py:237-244: "cohere swa layer sees [pos - sliding_window, pos],
 # i.e. sliding_window + 1 tokens", so Cohere2's sliding layers are built with a window
@@ -192,6 +208,20 @@ CONFIG_DEFAULTS.update({
     "gptj": {"n_positions": 2048, "n_embd": 4096, "n_layer": 28, "n_head": 16},
     "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 8},
 })
+# The same config classes' defaults for a multimodal wrapper's text_config, which the
+# wrapper's config class builds with CONFIG_MAPPING[model_type](**text_config)
+# (transformers 5.19 configuration_llava.py:81-83), so every field the file leaves out
+# takes the class's default, and vLLM reads that object (config.py get_hf_text_config,
+# llava.py:569-572). llava-hf's Llava 1.5 files name only max_position_embeddings and
+# vocab_size in a llama text_config: LlamaConfig (configuration_llama.py:64-71) fills
+# hidden_size 4096, 32 layers, 32 heads, and (:87-90) head_dim = hidden // heads, one KV
+# head per head, the tuner's own rules. A top-level config.json without them is still
+# refused (test_model.py test_config_lacking_fields_names_them).
+TEXT_CONFIG_DEFAULTS = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32,
+              "max_position_embeddings": 2048},
+}
 # The other names a config class accepts for a field, as transformers 5.19 resolves them
 # (model_type: {name in config.json: field it sets}), applied before CONFIG_DEFAULTS so
 # that a default never stands beside the same field under its other name. GPT-2 and
@@ -673,7 +703,10 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         _refuse_unmodelled({k: v for k, v in text.items() if k != "index_topk"})
     else:
         _refuse_unmodelled(text)
-    text = dict(CONFIG_DEFAULTS.get(model_type, {}), **_config_class_names(text, model_type))
+    defaults = CONFIG_DEFAULTS.get(model_type, {})
+    if text is not cfg:
+        defaults = dict(TEXT_CONFIG_DEFAULTS.get(model_type, {}), **defaults)
+    text = dict(defaults, **_config_class_names(text, model_type))
     if model_type == "gpt2":
         # vLLM 0.32.0 gpt2.py:200-202 asserts these three off (GPT2Config's defaults).
         on = [k for k in ("add_cross_attention", "scale_attn_by_inverse_layer_idx",
