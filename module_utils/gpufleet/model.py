@@ -257,6 +257,14 @@ LAYER_PATTERN_DEFAULTS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_p
 # Files that mark a sentence-transformers (embedding) checkpoint.
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json",
                                "sentence_bert_config.json")
+# The sentence-transformers files vLLM 0.32.0 reads a max_seq_length from, in its order
+# (transformers_utils/config.py:1062-1070 get_sentence_transformer_tokenizer_config: the
+# first non-empty one; its max_seq_length, if it has one, then replaces the context
+# derived from config.json, config/model.py:2618-2619, whatever the runner).
+SENTENCE_LENGTH_FILES = ("sentence_bert_config.json", "sentence_roberta_config.json",
+                         "sentence_distilbert_config.json", "sentence_camembert_config.json",
+                         "sentence_albert_config.json", "sentence_xlm-roberta_config.json",
+                         "sentence_xlnet_config.json")
 # Layer types (config.json `layer_types`, transformers >= 4.53) the tuner understands.
 FULL_LAYER = "full_attention"
 SLIDING_LAYER = "sliding_attention"
@@ -872,6 +880,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "intermediate_size": text.get("intermediate_size"),
         "vocab_size": text.get("vocab_size"),
         "max_position_embeddings": max_pos,
+        # a model folder's sentence-transformers max_seq_length (describe_model_dir)
+        "sentence_max_seq_length": None,
         "rope_scaling": _rope_scaling(text, source),
         "torch_dtype": torch_dtype or "bfloat16",
         "torch_dtype_from_config": bool(torch_dtype),
@@ -927,7 +937,30 @@ def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=Non
         if isinstance(tok_max, (int, float)) and not isinstance(tok_max, bool) \
                 and 0 < tok_max < desc["max_position_embeddings"]:
             desc["max_position_embeddings"] = int(tok_max)
+    desc["sentence_max_seq_length"] = _sentence_max_seq_length(path)
     return desc
+
+
+def _sentence_max_seq_length(path):
+    """max_seq_length of the first non-empty sentence-transformers length file in the
+    folder (SENTENCE_LENGTH_FILES, as vLLM 0.32.0 reads them), or None."""
+    for name in SENTENCE_LENGTH_FILES:
+        file_path = os.path.join(path, name)
+        if not os.path.isfile(file_path):
+            continue
+        try:
+            with open(file_path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except ValueError as exc:
+            raise ModelError(f"{file_path} is not valid JSON: {exc}") from exc
+        if not data:
+            continue
+        if not isinstance(data, dict):
+            raise ModelError(f"{file_path} is not a JSON object")
+        if "max_seq_length" not in data:
+            return None
+        return _positive_int(data["max_seq_length"], "max_seq_length", file_path)
+    return None
 
 
 def model_summary(desc):

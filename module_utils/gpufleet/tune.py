@@ -440,7 +440,11 @@ def model_max_len(model):
     max_position_embeddings serves 32,768 unless max_position_embeddings is raised too
     (earlier vLLM multiplied original_max_position_embeddings by the factor). Gemma 3's
     is already scaled: vLLM skips the factor for any model_type containing "gemma3"
-    (config/model.py lines 2583-2585)."""
+    (config/model.py lines 2583-2585). A model folder's sentence-transformers
+    max_seq_length (sentence_bert_config.json...) replaces all of it, last
+    (config/model.py:2618-2619)."""
+    if model.get("sentence_max_seq_length"):
+        return model["sentence_max_seq_length"]
     base = model["max_position_embeddings"]
     if "gemma3" in str(model.get("model_type") or ""):
         return base
@@ -762,7 +766,10 @@ def _check_options(model, devices, max_model_len, target_concurrency,
         if wanted > limit and not allow_long_context:
             raise TuneError(
                 f"max_model_len {wanted:,} is above the model's context of {limit:,} "
-                "(max_position_embeddings and rope scaling in config.json); lower it, or "
+                + ("(max_seq_length in its sentence-transformers config); "
+                   if model.get("sentence_max_seq_length") else
+                   "(max_position_embeddings and rope scaling in config.json); ")
+                + "lower it, or "
                 "set allow_long_context if the model was extended (vLLM then needs "
                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
     return {"util": util, "limit": limit, "wanted_len": wanted,

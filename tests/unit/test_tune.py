@@ -380,7 +380,28 @@ def test_minilm_on_vllm_cpu_has_no_kv_cache(tmp_path):
     desc = m.describe_model_dir(str(folder))
     result = t.plan(desc, [], kv_cache_memory_bytes=GiB)
     assert result["args"][:2] == ["--runner", "pooling"] and "--convert" not in result["args"]
-    assert result["settings"]["max_model_len"] == 512
+    # sentence_bert_config.json's max_seq_length 256 replaces config.json's 512, as vLLM
+    # 0.32.0 does (config/model.py:2618-2619; transformers_utils/config.py:1046-1102)
+    assert desc["max_position_embeddings"] == 512 and desc["sentence_max_seq_length"] == 256
+    assert result["settings"]["max_model_len"] == 256
+    with pytest.raises(t.TuneError, match="above the model's context of 256 "
+                       r"\(max_seq_length in its sentence-transformers config\)"):
+        t.plan(desc, [], kv_cache_memory_bytes=GiB, max_model_len=512)
+    # control: without the file the context is config.json's 512
+    (folder / "sentence_bert_config.json").unlink()
+    bare = m.describe_model_dir(str(folder))
+    assert bare["sentence_max_seq_length"] is None
+    assert t.plan(bare, [], kv_cache_memory_bytes=GiB)["settings"]["max_model_len"] == 512
+    # an empty first file is passed over, a file without the key gives none, a bad value
+    # is refused with the file named
+    (folder / "sentence_bert_config.json").write_text("{}")
+    (folder / "sentence_roberta_config.json").write_text('{"max_seq_length": 128}')
+    assert m.describe_model_dir(str(folder))["sentence_max_seq_length"] == 128
+    (folder / "sentence_bert_config.json").write_text('{"do_lower_case": true}')
+    assert m.describe_model_dir(str(folder))["sentence_max_seq_length"] is None
+    (folder / "sentence_bert_config.json").write_text('{"max_seq_length": "long"}')
+    with pytest.raises(m.ModelError, match="sentence_bert_config.json"):
+        m.describe_model_dir(str(folder))
     assert result["prediction"]["kv_cache_tokens"] is None
     assert any("encoder-only" in r for r in result["reasons"])
 
