@@ -130,3 +130,45 @@ def test_gte_multilingual_base_new_model_is_encoder_only_with_ntk_stretched_cont
     assert t.model_max_len(plain) == 8192
     result = pooling_plan(dict(desc, weights_bytes=611_000_000))
     assert result["settings"]["max_model_len"] == 65536
+
+
+# The config's own architecture name -> the registry name vLLM serves it by, where they
+# differ (gte-multilingual-base names the remote-code class NewModel; vLLM's registry
+# entry is GteNewModel, registry.py:224).
+REGISTRY_NAME = {"NewModel": "GteNewModel"}
+
+
+def _documented(paragraph, heading):
+    """The architecture names listed under `heading` in docs/tuning.md's count."""
+    block = paragraph.split(heading, 1)[1].split("\n\n", 2)[1]
+    return [name.strip("`") for name in block.rstrip(".").split(", ")]
+
+
+def test_the_documented_architecture_lists_are_the_fixtures():
+    """docs/tuning.md's count names exactly the architectures whose real config.json is a
+    fixture here: those described, and those refused by the field that shows their
+    structure (UnsupportedModelError). Neither list can drift from the fixtures."""
+    described, refused = set(), set()
+    for config in sorted(MODELS.glob("*/config.json")):
+        cfg = json.loads(config.read_text())
+        name = (cfg.get("architectures") or [cfg.get("model_type")])[0]
+        name = REGISTRY_NAME.get(name, name)
+        try:
+            m.describe_config(cfg, weights_bytes=1)
+            described.add(name)
+        except m.UnsupportedModelError:
+            refused.add(name)
+        except m.ModelError:
+            pass  # outside the table (mimo-7b-base: MiMo's remote-code config, unread)
+    # gte-Qwen2-7B-instruct without its sentence-transformers files is refused, but
+    # Qwen2ForCausalLM is described on its own configs: a name counts once.
+    refused -= described
+    text = (MODELS.parents[2] / "docs" / "tuning.md").read_text()
+    paragraph = text.split("Count (vLLM 0.32.0's registry", 1)[1].split("\n## ", 1)[0]
+    doc_described = _documented(paragraph, "Described and tested on their own real")
+    doc_refused = _documented(paragraph, "Refused on their real config by the field")
+    assert sorted(doc_described) == sorted(described)
+    assert sorted(doc_refused) == sorted(refused)
+    assert f"**{len(described)} registry\narchitectures**" in paragraph
+    assert f"**{len(refused)} more**" in paragraph
+    assert f"{len(described) + len(refused)} in all" in paragraph
