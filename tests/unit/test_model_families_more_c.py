@@ -208,6 +208,12 @@ def test_cohere2_window_without_vllms_extra_token(monkeypatch):
     ("opt-125m", "opt"),
     ("gpt-j-6b", "gptj"),
     ("bloomz-560m", "bloom"),
+    # test_model_families_more_f.py's and _more_g.py's families
+    ("qwen2-vl-7b-instruct", "qwen2_vl"),
+    ("ernie-4.5-21b-a3b-thinking", "ernie4_5_moe"),
+    ("olmoe-1b-7b-0125-instruct", "olmoe"),
+    ("stablelm-3b-4e1t", "stablelm"),
+    ("exaone-3.5-7.8b-instruct", "exaone"),
 ])
 def test_families_outside_the_table_are_refused(monkeypatch, name, model_type):
     # control: without the table entry the config is refused, as before these were read

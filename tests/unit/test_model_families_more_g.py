@@ -53,7 +53,7 @@ def test_llava_1_5_7b_language_model_takes_llama_config_defaults(monkeypatch):
         m.describe_config(cfg, weights_bytes=1)
 
 
-def test_olmoe_0125_instruct_is_mha_hidden_over_heads(monkeypatch):
+def test_olmoe_0125_instruct_is_mha_hidden_over_heads():
     # allenai/OLMoE-1B-7B-0125-Instruct (OlmoeForCausalLM, model_type olmoe). registry.py:184
     # -> olmoe.py (native). olmoe.py:130-146 OlmoeAttention: 16 heads,
     # total_num_kv_heads = num_key_value_heads 16 (split across TP ranks, replicated below
@@ -70,13 +70,10 @@ def test_olmoe_0125_instruct_is_mha_hidden_over_heads(monkeypatch):
     assert desc["moe"] == {"num_experts": 64, "experts_per_token": 8}
     # 16 KV heads split across TP 4: 4 per GPU
     assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 4 * 128 * 2
-    # control: without its table entry the family is refused
-    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"olmoe"})
-    with pytest.raises(m.ModelError, match="not in gpufleet's table"):
-        m.describe_config(cfg, weights_bytes=1)
+    # control: test_model_families_more_c.py test_families_outside_the_table_are_refused[olmoe]
 
 
-def test_stablelm_3b_4e1t_partial_rotary_does_not_size_the_cache(monkeypatch):
+def test_stablelm_3b_4e1t_partial_rotary_does_not_size_the_cache():
     # stabilityai/stablelm-3b-4e1t (StableLmForCausalLM, model_type stablelm). registry.py:205
     # -> stablelm.py (native) on transformers 5.19's StableLmConfig. stablelm.py:107-119
     # StablelmAttention: 32 heads, total_num_key_value_heads = num_key_value_heads 32 (split
@@ -96,13 +93,10 @@ def test_stablelm_3b_4e1t_partial_rotary_does_not_size_the_cache(monkeypatch):
     assert per_token == 10240 != 2 * 32 * int(80 * cfg["partial_rotary_factor"]) * 2
     # 32 KV heads split across TP 2: 16 per GPU
     assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 16 * 80 * 2
-    # control: without its table entry the family is refused
-    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"stablelm"})
-    with pytest.raises(m.ModelError, match="not in gpufleet's table"):
-        m.describe_config(cfg, weights_bytes=1)
+    # control: test_model_families_more_c.py test_families_outside_the_table_are_refused[stablelm]
 
 
-def test_exaone_3_5_7_8b_reads_num_layers_and_head_dim(monkeypatch):
+def test_exaone_3_5_7_8b_reads_num_layers_and_head_dim():
     # LGAI-EXAONE/EXAONE-3.5-7.8B-Instruct (ExaoneForCausalLM, model_type exaone, remote
     # code: auto_map configuration_exaone.ExaoneConfig). registry.py:99 -> exaone.py
     # (native). The remote ExaoneConfig's attribute_map {"num_hidden_layers": "num_layers"}
@@ -132,7 +126,4 @@ def test_exaone_3_5_7_8b_reads_num_layers_and_head_dim(monkeypatch):
     check_kv_bytes(desc, 32, 8, 128)
     # 8 KV heads split across TP 8: 1 per GPU
     assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
-    # control: without its table entry the family is refused
-    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"exaone"})
-    with pytest.raises(m.ModelError, match="not in gpufleet's table"):
-        m.describe_config(cfg, weights_bytes=1)
+    # control: test_model_families_more_c.py test_families_outside_the_table_are_refused[exaone]
