@@ -151,6 +151,9 @@ options:
         rewritten for O(vllm_version). C(--api-key) is refused (the key would be on the
         command line and in this module's output); vllm_server passes its
         C(vllm_server_api_key) as C(VLLM_API_KEY).
+      - A model whose config class only its repository defines (EXAONE 3.x, InternLM2,
+        GTE-new) is planned only when this holds C(--trust-remote-code), which runs the
+        repository's Python in vLLM; the module never adds it.
     type: list
     elements: str
     default: []

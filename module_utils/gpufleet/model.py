@@ -167,6 +167,14 @@ KNOWN_MODEL_TYPES = {
     # internlm2. No window.
     "exaone",
 } | ENCODER_ONLY_MODEL_TYPES
+# model_types of the table that neither transformers 5.19 (models/auto/auto_mappings.py
+# CONFIG_MAPPING_NAMES) nor vLLM 0.32.0 (transformers_utils/config.py _CONFIG_REGISTRY)
+# has a config class for: their config.json names the checkpoint's own class in
+# auto_map.AutoConfig, and vLLM loads it only with --trust-remote-code
+# (HFConfigParser.parse: "Failed to load the model config ... consider setting
+# trust_remote_code"), which runs that repository's Python. EXAONE 3.x, InternLM2 and
+# GTE-new (NewModel); ChatGLM's and Kimi-K2's classes are in vLLM's registry.
+REMOTE_CONFIG_MODEL_TYPES = {"exaone", "internlm2", "new"}
 # vLLM 0.32.0 commandr.py:237-244: "cohere swa layer sees [pos - sliding_window, pos],
 # i.e. sliding_window + 1 tokens", so Cohere2's sliding layers are built with a window
 # of sliding_window + 1, which the KV cache spec and its eviction then use.
@@ -889,6 +897,9 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
                 "experts_per_token": text.get("num_experts_per_tok")}
         if num_experts else None,
         "quantization": _quantization(cfg, source),
+        # the checkpoint's own config class vLLM must run (--trust-remote-code), or None
+        "remote_config_class": (cfg.get("auto_map") or {}).get("AutoConfig") or model_type
+        if model_type in REMOTE_CONFIG_MODEL_TYPES else None,
         "deepseek_v4": v4,
         "weights_bytes": weights_bytes,
         "weights_source": weights_source,

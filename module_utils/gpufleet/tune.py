@@ -662,6 +662,25 @@ def check_extra_args(extra_args):
     return out
 
 
+def _check_remote_config(model, extra_args, reasons):
+    """A config class only the checkpoint's own code defines (model.REMOTE_CONFIG_MODEL_TYPES)
+    loads in vLLM only with --trust-remote-code: refuse the plan unless extra_args says
+    so, rather than let the container fail at start. gpufleet never adds the flag itself:
+    it runs the repository's Python."""
+    remote = model.get("remote_config_class")
+    if not remote:
+        return
+    if "--trust-remote-code" not in extra_args:
+        raise TuneError(
+            f"model_type {model['model_type']!r} has no config class in transformers or "
+            f"vLLM: its config.json names the repository's own ({remote}), which vLLM "
+            "loads only with --trust-remote-code, running that repository's Python "
+            "(otherwise it stops with 'Failed to load the model config'). If you trust "
+            "the repository, pin its revision and add --trust-remote-code to extra_args.")
+    reasons.append(f"--trust-remote-code (extra_args): vLLM runs the repository's config "
+                   f"class {remote}.")
+
+
 def models_with_secret_args(models):
     """Names of the model entries whose extra_args check_extra_args refuses: vllm_server
     asks before any module sees the entries (a module's loop item is printed at -vvv)."""
@@ -1017,6 +1036,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     """
     reasons = []
     extra_args = check_extra_args(extra_args)
+    _check_remote_config(model, extra_args, reasons)
     tensor_parallel_size = _tp_option(tensor_parallel_size)
     if overhead_bytes is not None:
         overhead_bytes = _int_option(overhead_bytes, "overhead_bytes", minimum=0,

@@ -18,6 +18,8 @@ pooling model with position_embedding_type "absolute") and :2580-2616 (a rope fa
 import json
 import shutil
 
+import pytest
+
 from test_model_families import MODELS, check_encoder_only, load
 from gpufleet import model as m
 from gpufleet import tune as t
@@ -32,9 +34,9 @@ def no_kv_cache(desc):
         assert layout["per_token_layer_bytes"] == 0 and layout["groups"] == []
 
 
-def pooling_plan(desc):
+def pooling_plan(desc, extra_args=None):
     """The tuner's plan on vLLM CPU (as test_tune.py plans all-MiniLM-L6-v2)."""
-    result = t.plan(desc, [], kv_cache_memory_bytes=GiB)
+    result = t.plan(desc, [], kv_cache_memory_bytes=GiB, extra_args=extra_args)
     assert result["args"][:2] == ["--runner", "pooling"] and "--convert" not in result["args"]
     assert result["prediction"]["kv_cache_tokens"] is None
     assert any("encoder-only" in r for r in result["reasons"])
@@ -128,7 +130,9 @@ def test_gte_multilingual_base_new_model_is_encoder_only_with_ntk_stretched_cont
     plain = m.describe_config({k: v for k, v in cfg.items() if k != "rope_scaling"},
                               weights_bytes=1)
     assert t.model_max_len(plain) == 8192
-    result = pooling_plan(dict(desc, weights_bytes=611_000_000))
+    # its config class is the repository's (NewConfig): planned only with the flag
+    result = pooling_plan(dict(desc, weights_bytes=611_000_000),
+                          extra_args=["--trust-remote-code"])
     assert result["settings"]["max_model_len"] == 65536
 
 
@@ -172,3 +176,37 @@ def test_the_documented_architecture_lists_are_the_fixtures():
     assert f"**{len(described)} registry\narchitectures**" in paragraph
     assert f"**{len(refused)} more**" in paragraph
     assert f"{len(described) + len(refused)} in all" in paragraph
+
+
+@pytest.mark.parametrize("name, remote", [
+    ("gte-multilingual-base", "configuration.NewConfig"),
+    ("internlm2_5-7b", "configuration_internlm2.InternLM2Config"),
+    ("exaone-3.5-7.8b-instruct", "configuration_exaone.ExaoneConfig"),
+])
+def test_a_config_class_only_the_repository_defines_needs_trust_remote_code(name, remote):
+    # transformers 5.19 has no config class for model_type new, internlm2 or exaone
+    # (models/auto/auto_mappings.py CONFIG_MAPPING_NAMES), nor has vLLM 0.32.0
+    # (transformers_utils/config.py _CONFIG_REGISTRY), so HFConfigParser.parse's
+    # AutoConfig.from_pretrained needs trust_remote_code for the auto_map class, else
+    # "Failed to load the model config": the plan is refused before the deploy, and
+    # the flag is never added on the user's behalf.
+    desc = m.describe_config(load(name), weights_bytes=GiB)
+    assert desc["remote_config_class"] == remote
+    with pytest.raises(t.TuneError, match=r"only with --trust-remote-code.*add "
+                       r"--trust-remote-code to extra_args") as err:
+        t.plan(desc, [], kv_cache_memory_bytes=GiB, max_model_len=512)
+    assert remote in str(err.value)
+    result = t.plan(desc, [], kv_cache_memory_bytes=GiB, max_model_len=512,
+                    extra_args=["--trust-remote-code"])
+    assert "--trust-remote-code" in result["args"]
+    assert any(r.startswith("--trust-remote-code (extra_args)") for r in result["reasons"])
+
+
+@pytest.mark.parametrize("name", ["chatglm3-6b", "kimi-k2-instruct", "phi-3-medium-4k-instruct",
+                                  "llama-3.1-8b"])
+def test_configs_whose_class_transformers_or_vllm_has_need_no_remote_code(name):
+    # control: auto_map alone is not the rule. chatglm and kimi_k2 are in vLLM's
+    # _CONFIG_REGISTRY (its own ChatGLMConfig, DeepseekV3Config), phi3 is in transformers'
+    # mapping (the local class wins without trust_remote_code), llama names none.
+    desc = m.describe_config(load(name), weights_bytes=GiB)
+    assert desc["remote_config_class"] is None
