@@ -532,6 +532,21 @@ def _served_dtype(model, cc, requested, reasons, cpu):
                 "use bfloat16 (compute capability >= 8.0) or float32")
         reasons.append(f"dtype {requested}: set by the user.")
         return requested, 4 if requested == "float32" else 2
+    if quant in ("awq", "gptq") and no_float16:
+        # vLLM 0.32.0's AWQ/GPTQ kernels take float16 or bfloat16 activations
+        # (auto_awq.py / auto_gptq.py get_supported_act_dtypes), and these model types
+        # never run in float16: bfloat16, where the GPU has it.
+        if cpu or _has(cc, "bf16"):
+            reasons.append(f"dtype bfloat16: vLLM refuses float16 for model_type "
+                           f"{model_type!r} and its {quant.upper()} kernels take "
+                           "bfloat16 too.")
+            return "bfloat16", 2
+        raise TuneError(
+            f"a {quant.upper()} checkpoint of model_type {model_type!r} cannot be served on "
+            f"compute capability {cc[0]}.{cc[1]}: vLLM refuses float16 for it "
+            "(_FLOAT16_NOT_SUPPORTED_MODELS), the GPU has no bfloat16 (< 8.0), and the "
+            f"{quant.upper()} kernels take only 16-bit activations. Use a GPU of compute "
+            "capability >= 8.0, or an unquantized checkpoint (served in float32).")
     if quant in ("awq", "gptq"):
         reasons.append(f"dtype float16: {quant.upper()} kernels take float16 "
                        "activations.")

@@ -457,6 +457,16 @@ def test_float16_is_never_chosen_for_the_model_types_vllm_refuses_it_for():
         t.plan(small, A10G, max_model_len=4096, dtype="float16")
     # where bfloat16 exists it is chosen, as for every other family
     assert t.plan(small, A10G, max_model_len=4096)["settings"]["dtype"] == "bfloat16"
+    # an AWQ Gemma (AutoAWQ takes float16 or bfloat16 activations in vLLM 0.32.0,
+    # auto_awq.py get_supported_act_dtypes): bfloat16 on an A10G, refused on a T4
+    awq = dict(small, quantization={"method": "awq", "bits": 4, "group_size": 128})
+    result = t.plan(awq, A10G, max_model_len=4096)
+    assert result["settings"]["dtype"] == "bfloat16"
+    assert any("refuses float16 for model_type 'gemma3_text' and its AWQ" in r
+               for r in result["reasons"])
+    with pytest.raises(t.TuneError, match="AWQ checkpoint of model_type 'gemma3_text' "
+                       "cannot be served on compute capability 7.5"):
+        t.plan(awq, T4, max_model_len=4096)
     # control: a family vLLM runs in float16 gets float16 on the same T4
     assert t.plan(describe("llama-3.1-8b", 2 * GiB), T4,
                   max_model_len=4096)["settings"]["dtype"] == "float16"
