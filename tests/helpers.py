@@ -60,9 +60,21 @@ def run_playbook(inventory, playbook, host, extra_vars, check=False, timeout=900
                for res in t["hosts"].values()]
     failures = [f'{name}: {res.get("msg", "")} '
                 + " ".join(str(i.get("msg", "")) for i in res.get("results", []) if i.get("failed"))
+                + _failed_modules(res)
                 for name, res in results if res.get("failed")]
     changed = [name for name, res in results if res.get("changed")]
     return proc.returncode, report["stats"][host]["changed"], failures, changed
+
+
+def _failed_modules(res):
+    """Why each module of a failed fact gathering failed ("The following modules failed
+    to execute: ansible.legacy.setup" says only which), so a failure in CI names it."""
+    out = []
+    for module, detail in (res.get("failed_modules") or {}).items():
+        why = " ".join(str(detail.get(key, ""))[-400:] for key in
+                       ("msg", "module_stderr", "module_stdout", "exception") if detail.get(key))
+        out.append(f"[{module}: {why}]")
+    return " ".join(out)
 
 
 def sh(*args, check=True):
@@ -101,6 +113,13 @@ def debian_systemd_host(tmp_path_factory, prefix, playbook, extra_run_args=()):
        "--tmpfs", "/run/lock", "--tmpfs", "/tmp:exec", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
        "--stop-signal", "SIGRTMIN+3", "gpufleet/debian:12", "/lib/systemd/systemd")
     try:
+        # systemd in the container is still booting for a while after `docker run`; a
+        # play that starts meanwhile can fail in fact gathering (CI, 2026-12-05, the
+        # first play of test_hoststack_container_toolkit_lifecycle.py: "The following
+        # modules failed to execute: ansible.legacy.setup"). Wait until boot is over
+        # ("running" or "degraded": the rc is not the point).
+        sh("docker", "exec", name, "timeout", "180", "systemctl", "is-system-running",
+           "--wait", check=False)
         work = tmp_path_factory.mktemp(prefix)
         (work / "inventory.ini").write_text(
             f"{name} ansible_connection=community.docker.docker "
