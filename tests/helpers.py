@@ -94,6 +94,22 @@ def docker_answers():
     return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
 
 
+def _wait_for_systemd(name, timeout=180):
+    """Block until systemd in container `name` has booted ("running" or "degraded"), at
+    most `timeout` seconds; then the first play meets a settled host (measured: about
+    0.7 s after `docker run`, the first answer being "Failed to connect to bus")."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = sh("docker", "exec", name, "timeout", str(timeout), "systemctl",
+                   "is-system-running", "--wait", check=False).stdout.strip()
+        if state in ("running", "degraded"):
+            return state
+        time.sleep(0.5)
+    return None
+
+
 def debian_systemd_host(tmp_path_factory, prefix, playbook, extra_run_args=()):
     """Yield {"name", "work"}: a Debian 12 container running systemd (the offline base
     image) reached with the docker connection, and a work folder holding its inventory and
@@ -117,9 +133,9 @@ def debian_systemd_host(tmp_path_factory, prefix, playbook, extra_run_args=()):
         # play that starts meanwhile can fail in fact gathering (CI, 2026-12-05, the
         # first play of test_hoststack_container_toolkit_lifecycle.py: "The following
         # modules failed to execute: ansible.legacy.setup"). Wait until boot is over
-        # ("running" or "degraded": the rc is not the point).
-        sh("docker", "exec", name, "timeout", "180", "systemctl", "is-system-running",
-           "--wait", check=False)
+        # ("running" or "degraded"). Until systemd's bus is up, systemctl answers at once
+        # ("Failed to connect to bus"), so ask again; --wait then blocks through boot.
+        _wait_for_systemd(name)
         work = tmp_path_factory.mktemp(prefix)
         (work / "inventory.ini").write_text(
             f"{name} ansible_connection=community.docker.docker "
