@@ -217,9 +217,11 @@ prediction:
       C(kv_cache_tokens) (as vLLM 0.32 logs "KV cache size", which is max_concurrency
       times max_model_len, not num_blocks times block_size), C(max_concurrency) at
       C(max_model_len), C(max_model_len_that_fits).
-    - For DeepSeek-V4 also C(kv_cache_groups) (each KV cache group's kind, block size,
-      window, layers and bytes per block), C(bytes_per_block), C(blocks_per_request)
-      and C(fixed_blocks_per_request) (the part that does not grow with context).
+    - For DeepSeek-V4, and for models whose layer kinds have pages of different
+      sizes (Gemma 4), also C(kv_cache_groups) (each KV cache group's kind, block
+      size, window, layers and bytes per block), C(bytes_per_block),
+      C(blocks_per_request) and C(fixed_blocks_per_request) (the part that does not
+      grow with context).
   returned: success
   type: dict
 reasons:

@@ -157,17 +157,32 @@ DEEPSEEK_V4_REFUSALS = (
 )
 
 
-def deepseek_v4_vs_vllm(recorded):
-    """Compare gpufleet.tune with the JSON tests/differential/deepseek_v4_vllm.py
-    printed. Returns (compared, refused, differences): numbers compared for equality,
-    combinations both refused for the same reason, and one line per mismatch."""
+def _layout_groups(t, layout, desc):
+    """(layers, block size, bytes per block) of each KV cache group of a tuner layout;
+    a layout of one page size lists only its groups' kinds, so the layers of each kind
+    (desc["layer_kinds"]) are split as vLLM splits them (tune._group_split)."""
+    if "kv_cache_groups" in layout:
+        return [(g["layers"], g["block_size"], g["page_bytes"])
+                for g in layout["kv_cache_groups"]]
+    kinds = desc["layer_kinds"]
+    return [(layers, layout["block_size"], layers * layout["page_bytes"])
+            for kind in dict.fromkeys(kinds)
+            for layers in t._group_split(kinds.count(kind), layout["group_size"])]
+
+
+def kv_plan_vs_vllm(recorded, refusals=()):
+    """Compare gpufleet.tune with the JSON a tests/differential/ script printed
+    (deepseek_v4_vllm.py, gemma4_vllm.py): vLLM's own KV cache plan per model and
+    case. Returns (compared, refused, differences): numbers compared for equality,
+    combinations both refused for the same reason (`refusals`: (vLLM's phrase, the
+    tuner's), e.g. DEEPSEEK_V4_REFUSALS), and one line per mismatch. A case's own
+    max_num_batched_tokens / async_scheduling win over the document's."""
     import re
 
     from gpufleet import model as m
     from gpufleet import tune as t
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    mnbt = recorded["max_num_batched_tokens"]
     compared, refused, diffs = 0, 0, []
     for key, entry in recorded["models"].items():
         cfg = json.loads((root / entry["config"]).read_text())
@@ -177,16 +192,19 @@ def deepseek_v4_vs_vllm(recorded):
             diffs.append(f"{key}: max_model_len from config {limit} != vLLM's "
                          f"{entry['derived_max_model_len']}")
         for case in entry["cases"]:
-            where = (f"{key} tp={case['tp']} block={case['block_size']} "
-                     f"kv={case['kv_cache_dtype']} len={case['max_model_len']}")
+            where = (f"{key} {case.get('target', '')} tp={case['tp']} "
+                     f"block={case['block_size']} kv={case['kv_cache_dtype']} "
+                     f"len={case['max_model_len']}")
             error = case.get("error", "")
+            mnbt = case.get("max_num_batched_tokens", recorded.get("max_num_batched_tokens"))
             try:
                 layout = t.kv_layout(desc, case["tp"], case["block_size"],
                                      case["kv_cache_dtype"],
-                                     async_sched=recorded["async_scheduling"])
+                                     async_sched=case.get("async_scheduling",
+                                                          recorded.get("async_scheduling")))
             except t.TuneError as exc:
                 phrase = next((ours.format(**case) for theirs, ours in
-                               DEEPSEEK_V4_REFUSALS if theirs in error), None)
+                               refusals if theirs in error), None)
                 if "bytes_per_block" in case or phrase is None:
                     diffs.append(f"{where}: the tuner refuses ({exc}), vLLM does not")
                 elif phrase not in str(exc):
@@ -202,8 +220,7 @@ def deepseek_v4_vs_vllm(recorded):
             num_blocks, _ = t.kv_tokens_from_bytes(layout, avail)
             ours = {"bytes_per_block": layout["bytes_per_block"],
                     "estimated_max_model_len": t.max_fitting_len(layout, avail, limit, mnbt),
-                    "groups": [(g["layers"], g["block_size"], g["page_bytes"])
-                               for g in layout["v4_groups"]]}
+                    "groups": _layout_groups(t, layout, desc)}
             theirs = {"bytes_per_block": case["bytes_per_block"],
                       "estimated_max_model_len": case["estimated_max_model_len"],
                       "groups": [(g["layers"], g["block_size"], g["page_bytes"])

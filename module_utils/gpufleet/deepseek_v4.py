@@ -2,7 +2,7 @@
 
 Plain data in, plain data out; no Ansible imports. gpufleet.model describes the
 config (describe_fields), gpufleet.tune asks kv_layout() for the cache groups and
-uses its blocks_per_request() for concurrency and the longest fitting context.
+counts their blocks per request for concurrency and the longest fitting context.
 
 The spec is vLLM's own code at 0.32.0 (the lab image gpufleet/vllm-cpu:lab), read in
 these files (paths under vllm/):
@@ -36,21 +36,19 @@ these files (paths under vllm/):
 - config/vllm.py max_in_flight_tokens: 2 x max_num_batched_tokens with async
   scheduling, vLLM's default for a generative model on a GPU. The rule is shared
   with every family that has sliding-window layers: gpufleet.tune.in_flight_tokens
-  works the number out and hands it to blocks_per_request here.
+  works the number out, and gpufleet.tune._blocks_per_request counts each group's
+  blocks from this layout's "kv_cache_groups".
 
 tests/differential/deepseek_v4_vllm.py runs those functions in the image;
-tests/slow/test_deepseek_v4_vs_vllm.py and tests/unit/test_deepseek_v4.py require
+tests/slow/test_kv_plan_vs_vllm.py and tests/unit/test_deepseek_v4.py require
 this module's numbers to equal theirs.
 """
 from __future__ import annotations
-
-import math
 
 __all__ = [
     "DeepseekV4Error",
     "describe_fields",
     "kv_layout",
-    "blocks_per_request",
     "resolve_kv_cache_dtype",
     "check_block_size",
 ]
@@ -240,7 +238,7 @@ def kv_layout(model, block_size, kv_cache_dtype="auto"):
     shard it: every spec has max_tp_shards 1).
 
     Returns the dict gpufleet.tune uses for every model ("groups", "bytes_per_block",
-    "block_size", ...) plus "v4_groups": one entry per KV cache group with its kind,
+    "block_size", ...) plus "kv_cache_groups": one entry per KV cache group with its kind,
     block size, window, layer count and bytes per block.
     """
     # vLLM's order: the dtype when the layers are built, the block size when the
@@ -259,30 +257,7 @@ def kv_layout(model, block_size, kv_cache_dtype="auto"):
     per_token = full_groups * bytes_per_block / block_size
     return {"per_token_layer_bytes": per_token / model["num_layers"],
             "page_bytes": bytes_per_block, "group_size": None,
-            "groups": [g["kind"] for g in groups], "v4_groups": groups,
+            "groups": [g["kind"] for g in groups], "kv_cache_groups": groups,
             "bytes_per_block": bytes_per_block, "block_size": block_size,
             "sliding_window": v4["sliding_window"], "num_layers": model["num_layers"],
             "num_specs": len(specs), "kv_cache_dtype": resolved}
-
-
-def blocks_per_request(layout, model_len, in_flight_tokens):
-    """Blocks one request of model_len tokens holds, summed over the groups
-    (get_max_concurrency_for_kv_cache_config: FullAttentionSpec cdiv(len, block);
-    SlidingWindowSpec cdiv(min(window - 1 + in-flight tokens, len), block) + 1).
-    in_flight_tokens: gpufleet.tune.in_flight_tokens (VllmConfig.max_in_flight_tokens)."""
-    total = 0
-    for group in layout["v4_groups"]:
-        if group["kind"] == "sliding":
-            tokens = min(group["sliding_window"] - 1 + in_flight_tokens, model_len)
-            total += math.ceil(tokens / group["block_size"]) + 1
-        else:
-            total += math.ceil(model_len / group["block_size"])
-    return total
-
-
-def fixed_blocks_per_request(layout, in_flight_tokens):
-    """The blocks a request holds whatever its length (the sliding-window and
-    compressor-state groups, once the length passes window + in-flight tokens)."""
-    return sum(math.ceil((g["sliding_window"] - 1 + in_flight_tokens)
-                         / g["block_size"]) + 1
-               for g in layout["v4_groups"] if g["kind"] == "sliding")

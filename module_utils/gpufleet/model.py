@@ -71,7 +71,7 @@ KNOWN_MODEL_TYPES = {
     "deepseek_v2", "deepseek_v3", "gpt_oss", "gemma2", "gemma3_text",
     "phi3", "exaone4", "olmo3", "minimax_m2", "kimi_k2",
     # DeepSeek-V4 (issue #14 item 6): its own layout, gpufleet.deepseek_v4, checked
-    # against vLLM 0.32.0's kv_cache_utils (tests/slow/test_deepseek_v4_vs_vllm.py).
+    # against vLLM 0.32.0's kv_cache_utils (tests/slow/test_kv_plan_vs_vllm.py).
     "deepseek_v4",
     # Read in vLLM 0.32.0 (the lab image's wheel) and tested on real configs: the
     # language models of Qwen3-VL, Qwen3-VL-MoE (text_config), Qwen2.5-VL (top-level
@@ -166,7 +166,22 @@ KNOWN_MODEL_TYPES = {
     # (else hidden_size // heads) and the lengths are in config.json itself, as for
     # internlm2. No window.
     "exaone",
+    # Gemma 4 (Gemma4ForConditionalGeneration / Gemma4ForCausalLM, text_config
+    # gemma4_text): see PER_KIND_HEAD_MODEL_TYPES; tested on gemma-4-26B-A4B's own
+    # config.json and checked against vLLM 0.32.0's kv_cache_utils
+    # (tests/differential/gemma4_vllm.py).
+    "gemma4_text",
 } | ENCODER_ONLY_MODEL_TYPES
+# Families whose full-attention layers have their own head size and KV head count.
+# Gemma 4: vLLM 0.32.0 gemma4.py:577-587 builds each layer's Attention from
+# config.per_layer_config[i].head_dim / .num_key_value_heads, which transformers 5.19's
+# Gemma4TextConfig.__post_init__ (configuration_gemma4.py:210-221) fills for every
+# full_attention layer: head_dim global_head_dim (512 when config.json has none, see
+# CONFIG_DEFAULTS), num_key_value_heads num_global_key_value_heads when
+# attention_k_eq_v is true and that field is set; the sliding layers keep head_dim and
+# num_key_value_heads. With attention_k_eq_v the V slot holds K's projection, but the
+# cache still stores both (gemma4.py:421-425), so pages count K and V.
+PER_KIND_HEAD_MODEL_TYPES = {"gemma4_text"}
 # model_types of the table that neither transformers 5.19 (models/auto/auto_mappings.py
 # CONFIG_MAPPING_NAMES) nor vLLM 0.32.0 (transformers_utils/config.py _CONFIG_REGISTRY)
 # has a config class for: their config.json names the checkpoint's own class in
@@ -215,6 +230,13 @@ CONFIG_DEFAULTS.update({
             "max_position_embeddings": 2048},
     "gptj": {"n_positions": 2048, "n_embd": 4096, "n_layer": 28, "n_head": 16},
     "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 8},
+    # transformers 5.19 Gemma4TextConfig (configuration_gemma4.py:152-183, 210):
+    # the fields the KV cache reads, and global_head_dim's 512 (popped with that
+    # default in __post_init__).
+    "gemma4_text": {"num_hidden_layers": 30, "num_attention_heads": 8,
+                    "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
+                    "max_position_embeddings": 131072, "sliding_window": 512,
+                    "attention_k_eq_v": False},
 })
 # The same config classes' defaults for a multimodal wrapper's text_config, which the
 # wrapper's config class builds with CONFIG_MAPPING[model_type](**text_config)
@@ -261,7 +283,9 @@ DEFAULT_MAX_LEN_MODEL_TYPES = ("bloom",)
 # model_type: (config key of the pattern or None, its default): layer i slides
 # unless (i + 1) is a multiple of the pattern.
 LAYER_PATTERN_DEFAULTS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern", 6),
-                          "cohere2": ("sliding_window_pattern", 4)}
+                          "cohere2": ("sliding_window_pattern", 4),
+                          # configuration_gemma4.py:190-195: 5:1, not read from the file
+                          "gemma4_text": (None, 6)}
 # Files that mark a sentence-transformers (embedding) checkpoint.
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json",
                                "sentence_bert_config.json")
@@ -312,16 +336,28 @@ UNMODELLED_STRUCTURES = (
      "layers whose cache keeps only the current chunk, the NoPE layers (no_rope_layers) "
      "full attention (vllm/model_executor/models/llama4.py)"),
     ("num_kv_shared_layers", lambda v, text: _is_int(v) and v > 0,
-     "cross-layer KV sharing (Gemma 3n): the last num_kv_shared_layers layers read an "
+     "cross-layer KV sharing (Gemma 3n, Gemma 4 E2B/E4B): the last "
+     "num_kv_shared_layers layers read an "
      "earlier layer's KV cache (kv_sharing_target_layer_name in "
-     "vllm/model_executor/models/gemma3n.py), so there are fewer caches than layers"),
-    ("global_head_dim", lambda v, text: v is not None and v != text.get("head_dim"),
-     "full-attention layers with their own head size (Gemma 4): pages of two sizes, one "
-     "per layer kind (Gemma4Config in vllm/model_executor/models/config.py)"),
+     "vllm/model_executor/models/gemma3n.py, gemma4.py:471-491), so there are fewer "
+     "caches than layers"),
+    # Modelled for PER_KIND_HEAD_MODEL_TYPES (Gemma 4's gemma4_text); refused for any
+    # other model_type that carries them (Gemma 4 unified, diffusion Gemma), whose
+    # files gpufleet has not read.
+    ("global_head_dim", lambda v, text: v is not None and v != text.get("head_dim")
+     and text.get("model_type") not in PER_KIND_HEAD_MODEL_TYPES,
+     "full-attention layers with their own head size (a Gemma 4 variant): pages of two "
+     "sizes, one per layer kind (Gemma4Config in vllm/model_executor/models/config.py)"),
     ("num_global_key_value_heads",
-     lambda v, text: v is not None and v != text.get("num_key_value_heads"),
-     "full-attention layers with their own KV head count (Gemma 4): pages of two sizes, "
-     "one per layer kind (Gemma4Config in vllm/model_executor/models/config.py)"),
+     lambda v, text: v is not None and v != text.get("num_key_value_heads")
+     and text.get("model_type") not in PER_KIND_HEAD_MODEL_TYPES,
+     "full-attention layers with their own KV head count (a Gemma 4 variant): pages of "
+     "two sizes, one per layer kind (Gemma4Config in vllm/model_executor/models/"
+     "config.py)"),
+    ("use_bidirectional_attention", lambda v, text: v == "all",
+     "bidirectional attention on every layer (an embedding Gemma 4): not causal, and "
+     "transformers 5.19 halves the sliding window at load time "
+     "(configuration_gemma4.py:186-188)"),
     ("full_attention_interval", lambda v, text: v is not None,
      "hybrid linear attention (Qwen3-Next, Qwen3.5): Gated DeltaNet layers keep a "
      "recurrent state per request, not a KV cache (vllm/model_executor/models/"
@@ -849,6 +885,10 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         layer_kinds = ["full"] * num_layers
     else:
         layer_kinds = _layer_kinds(text, num_layers, model_type)
+        if model_type in PER_KIND_HEAD_MODEL_TYPES and layer_kinds[-1] != "full":
+            # Gemma4TextConfig.__post_init__ (configuration_gemma4.py:197-202): "Last
+            # layer must use full_attention ... Forcing".
+            layer_kinds[-1] = "full"
         if kv_heads == num_heads:
             attention = "mha"
         elif kv_heads == 1:
@@ -858,6 +898,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         if "sliding" in layer_kinds:
             attention += "+sliding" if "full" in layer_kinds else "-sliding"
 
+    kind_heads = _kind_heads(text, model_type, layer_kinds, kv_heads, head_size,
+                             num_heads, source)
     torch_dtype = str(_first(cfg, "torch_dtype", "dtype") or _first(
         text, "torch_dtype", "dtype") or "")
     if not torch_dtype and weights_dtype in SAFETENSORS_TO_TORCH:
@@ -879,6 +921,9 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "num_attention_heads": num_heads,
         "num_kv_heads": kv_heads,
         "head_size": head_size,
+        # {kind: {"num_kv_heads", "head_size"}} when the layer kinds differ in them
+        # (PER_KIND_HEAD_MODEL_TYPES), else None: every layer has the two above.
+        "kind_heads": kind_heads,
         "layer_kinds": layer_kinds,
         "sliding_window": window + WINDOW_OFFSET.get(model_type, 0)
         if "sliding" in layer_kinds or v4 else None,
@@ -906,6 +951,29 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "weights_dtype": weights_dtype,
     }
     return desc
+
+
+def _kind_heads(text, model_type, layer_kinds, kv_heads, head_size, num_heads, source):
+    """Each layer kind's KV heads and head size, for PER_KIND_HEAD_MODEL_TYPES, when
+    they differ between the kinds; None otherwise."""
+    if model_type not in PER_KIND_HEAD_MODEL_TYPES:
+        return None
+    full_head = _positive_int(text.get("global_head_dim"), "global_head_dim", source)
+    full_kv = kv_heads
+    if text.get("attention_k_eq_v") and text.get("num_global_key_value_heads") is not None:
+        full_kv = _positive_int(text["num_global_key_value_heads"],
+                                "num_global_key_value_heads", source,
+                                extra=f" dividing num_attention_heads ({num_heads})")
+        if num_heads % full_kv:
+            raise ModelError(f"{source}: num_global_key_value_heads {full_kv} does not "
+                             f"divide num_attention_heads {num_heads}; grouped-query "
+                             "attention needs it to (check the config)")
+    heads = {"sliding": {"num_kv_heads": kv_heads, "head_size": head_size},
+             "full": {"num_kv_heads": full_kv, "head_size": full_head}}
+    heads = {kind: heads[kind] for kind in dict.fromkeys(layer_kinds)}
+    if len({(h["num_kv_heads"], h["head_size"]) for h in heads.values()}) <= 1:
+        return None
+    return heads
 
 
 def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=None):

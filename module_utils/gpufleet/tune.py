@@ -226,8 +226,10 @@ def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
     cache group, `bytes_per_block` is what one block of the shared pool takes,
     `async_scheduling` (async_scheduling(); True, vLLM's default for a generative model
     on a GPU, unless told) decides in_flight_tokens(). An encoder-only model has no
-    groups. DeepSeek-V4 (gpufleet.deepseek_v4) adds "v4_groups" (each group's block
-    size, window and bytes).
+    groups. Layouts whose groups differ in block size add "kv_cache_groups" (each
+    group's kind, block size, window, layers and bytes per block): DeepSeek-V4
+    (gpufleet.deepseek_v4) and layer kinds with pages of different sizes (Gemma 4,
+    _unified_page_layout).
     """
     num_layers = model["num_layers"]
     if model["attention"] == "encoder_only":
@@ -253,13 +255,20 @@ def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
     else:
         if kv_cache_dtype == "fp8_ds_mla":
             raise TuneError("kv_cache_dtype fp8_ds_mla applies to MLA models only")
-        # get_num_kv_heads: heads are replicated when kv heads < tp (1 per GPU).
-        heads = max(1, model["num_kv_heads"] // tp)
-        per_token = 2 * heads * model["head_size"] * _kv_element_bytes(
-            kv_cache_dtype, dtype_bytes)
+        element = _kv_element_bytes(kv_cache_dtype, dtype_bytes)
+        per_token = _attention_token_bytes(model["num_kv_heads"], model["head_size"], tp,
+                                           element)
     counts = {}
     for kind in model["layer_kinds"]:
         counts[kind] = counts.get(kind, 0) + 1
+    if model.get("kind_heads"):
+        kind_bytes = {kind: _attention_token_bytes(h["num_kv_heads"], h["head_size"], tp,
+                                                   element)
+                      for kind, h in model["kind_heads"].items()}
+        if len(set(kind_bytes.values())) > 1:
+            return _unified_page_layout(model, counts, kind_bytes, block_size,
+                                        async_sched)
+        per_token = next(iter(kind_bytes.values()))
     if len(counts) == 1:
         group_size = num_layers
         groups = list(counts)
@@ -278,12 +287,79 @@ def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
             "num_layers": num_layers, "async_scheduling": async_sched}
 
 
+def _attention_token_bytes(num_kv_heads, head_size, tp, element_bytes):
+    """One token's K and V in one layer on one GPU (AttentionSpec.page_size_bytes /
+    block_size); get_num_kv_heads: heads are replicated when kv heads < tp (1 per
+    GPU)."""
+    return 2 * max(1, num_kv_heads // tp) * head_size * element_bytes
+
+
+def _group_split(count, group_size):
+    """Layers per group of a bucket of `count` layers (_get_kv_cache_groups_uniform_
+    page_size: cdiv(count, group_size) groups, group i takes layers[i::groups])."""
+    groups = math.ceil(count / group_size)
+    return [len(range(i, count, groups)) for i in range(groups)]
+
+
+def _unified_page_layout(model, counts, kind_bytes, block_size, async_sched):
+    """The layout of layer kinds whose pages differ in size (Gemma 4: 8 KV heads x 256
+    sliding, 2 x 512 full), on a layout that is not block-outermost, which the backends
+    vLLM picks for it resolve (kv_cache_utils.get_kv_cache_groups: no packed groups, so
+    unify_kv_cache_spec_page_size, then _get_kv_cache_groups_uniform_page_size).
+
+    The largest page stays; a smaller one that divides it takes a block size that many
+    times larger (same page bytes, more tokens), one that does not divide it is padded
+    to it. The layers are then grouped by spec with the smallest/largest group-size rule
+    of kv_layout, and every layer of every group holds one page per block."""
+    pages = {kind: kind_bytes[kind] * block_size for kind in counts}
+    top = max(pages.values())
+    smallest, largest = min(counts.values()), max(counts.values())
+    group_size = largest if largest < smallest * 1.5 else smallest
+    groups = []
+    for kind, count in counts.items():
+        block = block_size * (top // pages[kind]) if top % pages[kind] == 0 else block_size
+        for layers in _group_split(count, group_size):
+            groups.append({"kind": kind, "block_size": block,
+                           "sliding_window": model["sliding_window"]
+                           if kind == "sliding" else None,
+                           "layers": layers, "page_bytes": top * layers})
+    bytes_per_block = max(g["page_bytes"] for g in groups)
+    # What one more token of context costs the pool: a block of every full-attention
+    # group per its block size (the sliding groups stop growing past the window).
+    per_token = sum(bytes_per_block / g["block_size"] for g in groups
+                    if g["kind"] == "full")
+    return {"per_token_layer_bytes": per_token / model["num_layers"], "page_bytes": top,
+            "group_size": group_size, "groups": [g["kind"] for g in groups],
+            "kv_cache_groups": groups, "bytes_per_block": bytes_per_block,
+            "block_size": block_size, "sliding_window": model.get("sliding_window"),
+            "num_layers": model["num_layers"], "async_scheduling": async_sched,
+            "kind_page_bytes": pages}
+
+
+def fixed_blocks_per_request(layout, in_flight):
+    """The blocks a request holds whatever its length, once it passes window +
+    in-flight tokens: its sliding-window groups' (and DeepSeek-V4's compressor-state
+    groups'). Layouts with "kv_cache_groups" only."""
+    return sum(math.ceil((g["sliding_window"] - 1 + in_flight) / g["block_size"]) + 1
+               for g in layout["kv_cache_groups"] if g["kind"] == "sliding")
+
+
 def _blocks_per_request(layout, model_len, max_num_batched_tokens):
     """Blocks one request of model_len tokens holds, summed over groups
-    (FullAttentionSpec / SlidingWindowSpec.max_memory_usage_bytes)."""
+    (get_max_concurrency_for_kv_cache_config: FullAttentionSpec cdiv(len, block);
+    SlidingWindowSpec.max_admission_blocks_per_request cdiv(min(window - 1 +
+    in-flight tokens, len), block) + 1), each group at its own block size when the
+    layout lists them ("kv_cache_groups")."""
     in_flight = in_flight_tokens(layout, max_num_batched_tokens)
-    if "v4_groups" in layout:
-        return deepseek_v4.blocks_per_request(layout, model_len, in_flight)
+    if "kv_cache_groups" in layout:
+        total = 0
+        for group in layout["kv_cache_groups"]:
+            if group["kind"] == "sliding":
+                tokens = min(group["sliding_window"] - 1 + in_flight, model_len)
+                total += math.ceil(tokens / group["block_size"]) + 1
+            else:
+                total += math.ceil(model_len / group["block_size"])
+        return total
     bs = layout["block_size"]
     total = 0
     for kind in layout["groups"]:
@@ -304,7 +380,7 @@ def kv_tokens_from_bytes(layout, kv_cache_bytes):
     if not layout["groups"]:
         return 0, None
     num_blocks = max(0, int(kv_cache_bytes) // layout["bytes_per_block"])
-    if "v4_groups" in layout:
+    if "kv_cache_groups" in layout:
         # Groups of different block sizes share the pool: no single slot count.
         return num_blocks, None
     tokens = num_blocks // len(layout["groups"]) * layout["block_size"]
@@ -415,12 +491,17 @@ def tp_problem(model, tp):
                 f"{tp}")
     if model["attention"] in ("mla", "encoder_only", "deepseek_v4"):
         return None
-    kv = model["num_kv_heads"]
-    if tp < kv and kv % tp:
-        return f"kv heads ({kv}) are not divisible by tensor parallel size {tp}"
-    if tp >= kv and tp % kv:
-        return (f"kv heads {kv}: tensor parallel size {tp} is neither a divisor nor a "
-                f"multiple of {kv}")
+    # Layer kinds with their own KV heads (Gemma 4's full layers) are checked each:
+    # Gemma4Attention (gemma4.py:388-393) asserts the same per layer.
+    kinds = model.get("kind_heads") or {"": {"num_kv_heads": model["num_kv_heads"]}}
+    for kind, heads in kinds.items():
+        kv = heads["num_kv_heads"]
+        what = f"{kind} layers' kv heads" if kind else "kv heads"
+        if tp < kv and kv % tp:
+            return f"{what} ({kv}) are not divisible by tensor parallel size {tp}"
+        if tp >= kv and tp % kv:
+            return (f"{what} {kv}: tensor parallel size {tp} is neither a divisor nor a "
+                    f"multiple of {kv}")
     return None
 
 
@@ -618,6 +699,66 @@ def _kv_dtype(requested, allow_fp8, cc, version, cpu, reasons):
         reasons.append("kv_cache_dtype auto: the KV cache uses the model dtype "
                        "(allow_fp8 is off).")
     return "auto"
+
+
+def _check_per_kind_backend(model, hw, kv_dtype, requested, reasons):
+    """Layer kinds with pages of two sizes (Gemma 4) are modelled on the backends whose
+    block size and KV cache layout vLLM 0.32.0's own code fixes for them; refuse the
+    others, saying why.
+
+    vLLM picks Gemma 4's backend itself when its head sizes differ
+    (model_executor/models/config.py Gemma4Config): FlashAttention 4 on compute
+    capability 9.x/10.x/11.x where the wheel has it (per layer FA3/FA4 on 9.x with an
+    fp8 KV cache), else Triton; the CPU build always runs CPU_ATTN
+    (platforms/cpu.py:177-179). Returns the KV cache dtype: auto, not the fp8 that
+    allow_fp8 chose, where fp8 is not modelled."""
+    heads = model.get("kind_heads")
+    if not heads:
+        return kv_dtype
+    if hw["cpu"]:
+        reasons.append(
+            "Gemma 4 on vLLM's CPU backend: CPU_ATTN keeps the head-major LBHNC layout "
+            "(cpu_attn.py supported_kv_cache_layouts), so the two page sizes are "
+            f"unified at block size {hw['block_size']}.")
+        return kv_dtype
+    cc = hw["cc"]
+    where = f"compute capability {cc[0]}.{cc[1]}"
+    if len({h["head_size"] for h in heads.values()}) == 1:
+        raise TuneError(
+            "the layer kinds differ in KV heads but not in head size, so vLLM keeps its "
+            f"default attention backend on {where}, whose block size and KV cache layout "
+            "for two page sizes gpufleet has not checked; run vLLM once with "
+            "--kv-cache-memory-bytes and read its 'KV cache size' line instead.")
+    if cc[0] in (10, 11):
+        raise TuneError(
+            f"Gemma 4 on {where} (Blackwell data-center GPUs) is not modelled: vLLM runs "
+            "it on FlashAttention 4, whose head-size-256 kernel takes 128-token pages "
+            "(v1/attention/backends/fa_utils.py FA4_HD256_PAGE_SIZE) unless it falls "
+            "back to FlashAttention 2 (for the multimodal prefix among others, "
+            "_fa4_hd256_fallback_reason), so the block size depends on the build and "
+            "the request mix. Run vLLM once with --kv-cache-memory-bytes and read its "
+            "'KV cache size' line instead.")
+    if cc[0] == 9 and kv_dtype in FP8_KV_DTYPES and requested in (None, "auto"):
+        reasons.append(
+            f"kv_cache_dtype auto, not fp8: with an fp8 KV cache on {where} vLLM picks "
+            "FlashAttention 3 or 4 per Gemma 4 layer, and FA4's fp8 kernel for head "
+            "size 512 takes 64-token pages (flash_attn.py "
+            "_get_sm90_fa4_fp8_kv_block_size), which gpufleet does not model.")
+        kv_dtype = "auto"
+    if cc[0] == 9 and kv_dtype in FP8_KV_DTYPES:
+        raise TuneError(
+            f"Gemma 4 with kv_cache_dtype {kv_dtype} on {where} is not modelled: vLLM "
+            "then picks FlashAttention 3 or 4 per layer (Gemma4Config), and FA4's fp8 "
+            "kernel for head size 512 takes 64-token pages (flash_attn.py "
+            "_get_sm90_fa4_fp8_kv_block_size). Use kv_cache_dtype auto on this GPU.")
+    backend = ("FlashAttention 4 (Triton where the wheel lacks it)" if cc[0] == 9
+               else "Triton (FlashAttention 4 needs compute capability 9.x-11.x)")
+    reasons.append(
+        f"Gemma 4 on {where}: its head sizes differ, so vLLM runs {backend} "
+        "(Gemma4Config); both take 16-token blocks here and neither declares a KV cache "
+        "layout, so vLLM keeps LBNHC, which is not block-outermost, and unifies the two "
+        "page sizes (kv_cache_utils.get_kv_cache_groups).")
+    return kv_dtype
 
 
 def _v4_kv_dtype(requested, reasons):
@@ -989,10 +1130,26 @@ def _explain_fit(ctx, chosen, final_len, reasons):
         reasons.append("KV cache: none; an encoder-only model keeps no KV cache "
                        "(vLLM EncoderOnlyAttentionSpec), so context and concurrency are "
                        "bounded by compute, not memory.")
-    elif "v4_groups" in layout:
-        groups = layout["v4_groups"]
-        fixed = deepseek_v4.fixed_blocks_per_request(
-            layout, in_flight_tokens(layout, ctx["mnbt"]))
+    elif "kind_page_bytes" in layout:
+        groups = layout["kv_cache_groups"]
+        pages = layout["kind_page_bytes"]
+        blocks = {g["kind"]: g["block_size"] for g in groups}
+        fixed = fixed_blocks_per_request(layout, in_flight_tokens(layout, ctx["mnbt"]))
+        reasons.append(
+            f"KV cache: hybrid with two page sizes; a sliding layer's page of "
+            f"{layout['block_size']} tokens is {pages['sliding']:,} bytes, a full-"
+            f"attention layer's {pages['full']:,}. vLLM keeps the larger page and gives "
+            "the other kind a block size that many times larger "
+            "(unify_kv_cache_spec_page_size): sliding layers "
+            f"{blocks['sliding']}-token blocks, full layers {blocks['full']}-token "
+            f"blocks, {len(groups)} groups of up to {layout['group_size']} layers in "
+            f"blocks of {layout['bytes_per_block']:,} bytes. The sliding groups hold "
+            f"{fixed:,} blocks per request whatever its length (window + "
+            f"{in_flight_tokens(layout, ctx['mnbt']):,} in-flight tokens: "
+            f"{_in_flight_words(layout)}).")
+    elif "kv_cache_groups" in layout:
+        groups = layout["kv_cache_groups"]
+        fixed = fixed_blocks_per_request(layout, in_flight_tokens(layout, ctx["mnbt"]))
         reasons.append(
             f"KV cache: DeepSeek-V4, {layout['num_specs']} caches in {len(groups)} groups "
             f"packed into blocks of {layout['bytes_per_block']:,} bytes (the widest "
@@ -1072,6 +1229,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     else:
         kv_dtype = _kv_dtype(kv_cache_dtype, allow_fp8, hw["cc"], vllm_version,
                              hw["cpu"], reasons)
+        kv_dtype = _check_per_kind_backend(model, hw, kv_dtype, kv_cache_dtype, reasons)
     default_mnbt, default_seqs = hw["defaults"]
     max_num_seqs = int(target_concurrency) if target_concurrency else default_seqs
     ctx = {"model": model, "hw": hw, "opts": opts, "kv_dtype": kv_dtype,
@@ -1130,12 +1288,12 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         "max_concurrency": round(concurrency, 2) if concurrency is not None else None,
         "max_model_len_that_fits": chosen["fit_len"],
     }
-    if "v4_groups" in layout:
+    if "kv_cache_groups" in layout:
         result["prediction"].update({
-            "kv_cache_groups": layout["v4_groups"],
+            "kv_cache_groups": layout["kv_cache_groups"],
             "bytes_per_block": layout["bytes_per_block"],
             "blocks_per_request": _blocks_per_request(layout, final_len, ctx["mnbt"]),
-            "fixed_blocks_per_request": deepseek_v4.fixed_blocks_per_request(
+            "fixed_blocks_per_request": fixed_blocks_per_request(
                 layout, in_flight_tokens(layout, ctx["mnbt"])),
         })
     result["args"] = _args(settings, vllm_version, list(extra_args or []), reasons)

@@ -4,8 +4,8 @@ The numbers come from vLLM: tests/fixtures/vllm-kv/deepseek-v4.json is what
 tests/differential/deepseek_v4_vllm.py printed in the lab image (vllm 0.32.0), which
 builds the V4 layers' KV cache specs and calls vLLM's kv_cache_utils; the tuner must
 give the same blocks, concurrency, "KV cache size" tokens and estimated max_model_len
-(tests/helpers.deepseek_v4_vs_vllm; the slow twin re-runs the script:
-tests/slow/test_deepseek_v4_vs_vllm.py). The field scenario (DeepSeek-V4-Pro on 8 B200
+(tests/helpers.kv_plan_vs_vllm; the slow twin re-runs the script:
+tests/slow/test_kv_plan_vs_vllm.py). The field scenario (DeepSeek-V4-Pro on 8 B200
 with the vllm-openai:deepseekv4-cu130 image) is planned at the end.
 """
 import json
@@ -18,7 +18,7 @@ from gpufleet import cuda
 from gpufleet import deepseek_v4 as v4
 from gpufleet import model as m
 from gpufleet import tune as t
-from helpers import deepseek_v4_vs_vllm, run_module
+from helpers import DEEPSEEK_V4_REFUSALS, kv_plan_vs_vllm, run_module
 
 MODELS = FIXTURES / "models"
 RECORDED = FIXTURES / "vllm-kv" / "deepseek-v4.json"
@@ -41,7 +41,7 @@ def describe(name, weights=1):
 def test_recorded_vllm_numbers_equal_the_tuner():
     recorded = json.loads(RECORDED.read_text())
     assert recorded["vllm_version"] == "0.32.0"
-    compared, refused, diffs = deepseek_v4_vs_vllm(recorded)
+    compared, refused, diffs = kv_plan_vs_vllm(recorded, DEEPSEEK_V4_REFUSALS)
     assert not diffs, "\n".join(diffs[:20])
     cases = [c for e in recorded["models"].values() for c in e["cases"]]
     # 2 models x TP 1/2/4/8 x block 128/256 x kv auto/fp8/bfloat16 x 3 lengths
@@ -59,11 +59,11 @@ def test_the_comparison_can_fail(monkeypatch):
     page alignment absorbs it.)"""
     recorded = json.loads(RECORDED.read_text())
     monkeypatch.setattr(v4, "ENTRY_BYTES", 576)
-    _, _, diffs = deepseek_v4_vs_vllm(recorded)
+    _, _, diffs = kv_plan_vs_vllm(recorded, DEEPSEEK_V4_REFUSALS)
     assert any("bytes_per_block" in d for d in diffs)
     monkeypatch.undo()
     monkeypatch.setattr(t, "ASYNC_CONCURRENT_BATCHES", 1)  # async scheduling forgotten
-    _, _, diffs = deepseek_v4_vs_vllm(recorded)
+    _, _, diffs = kv_plan_vs_vllm(recorded, DEEPSEEK_V4_REFUSALS)
     assert any("blocks_per_request" in d for d in diffs)
 
 
@@ -86,17 +86,17 @@ def test_pro_layout_by_hand():
     assert layout["kv_cache_dtype"] == "fp8_ds_mla"
     # c4a: 64 entries x 584 = 37,376 -> 37,440; c128a: 2 x 584 -> 1,728;
     # indexer: 64 x 132 -> 8,640; one 64-token window page 37,440.
-    full = next(g for g in layout["v4_groups"] if g["kind"] == "full")
+    full = next(g for g in layout["kv_cache_groups"] if g["kind"] == "full")
     assert full["layers"] == 31 + 30 + 30
     assert full["page_bytes"] == 31 * 1728 + 30 * 37440 + 30 * 8640 == 1435968
     assert layout["bytes_per_block"] == 1435968
     assert [(g["layers"], g["block_size"], g["sliding_window"])
-            for g in layout["v4_groups"]] == [
+            for g in layout["kv_cache_groups"]] == [
         (31, 64, 128), (30, 64, 128), (91, 256, None), (31, 8, 128), (60, 4, 8)]
     # Per request, whatever its length: 2 x (cdiv(127 + 16,384, 64) + 1) window blocks,
     # cdiv(127 + 16,384, 8) + 1 and cdiv(7 + 16,384, 4) + 1 compressor-state blocks.
     assert t.in_flight_tokens(layout, 8192) == 16384  # async scheduling on a GPU
-    assert v4.fixed_blocks_per_request(layout, 16384) == 2 * 259 + 2065 + 4099 == 6682
+    assert t.fixed_blocks_per_request(layout, 16384) == 2 * 259 + 2065 + 4099 == 6682
     assert t._blocks_per_request(layout, 1048576, 8192) == 6682 + 4096
 
 

@@ -220,7 +220,6 @@ def test_mimo_is_not_added_its_config_class_is_remote_code():
 
 @pytest.mark.parametrize("fixture, field, facts", [
     ("llama-4-scout-17b-16e-instruct", "attention_chunk_size", "8192"),
-    ("gemma-4-26b-a4b", "global_head_dim", "512"),
     ("nemotron-h-56b-base-8k", "hybrid_override_pattern",
      "118 layers: 54 Mamba, 10 attention"),
     ("llama-3.3-nemotron-super-49b-v1", "block_configs", "80 blocks, 31 without attention"),

@@ -1,0 +1,62 @@
+"""The tuner's KV cache plans against vLLM's own code, run in the lab image.
+
+Each tests/differential/ script runs inside gpufleet/vllm-cpu:lab (vllm 0.32.0, CPU
+build, no GPU, no weights, no network): it builds the per-layer KV cache specs the
+model builds from its config.json and calls vLLM's kv_cache_utils for each case. The
+tuner's blocks, maximum concurrency, "KV cache size" tokens, estimated maximum model
+length, bytes per block and groups must EQUAL vLLM's for every case vLLM accepts, and
+the tuner must refuse the others with vLLM's reason (tests/helpers.kv_plan_vs_vllm).
+
+- deepseek_v4_vllm.py: DeepSeek-V4-Flash and -Pro, TP 1/2/4/8, --block-size 128/256,
+  --kv-cache-dtype auto/fp8/bfloat16, three lengths (about 20-30 s on 2 cores).
+- gemma4_vllm.py: gemma-4-26B-A4B's and gemma-4-31B-it's two page sizes on
+  FlashAttention and Triton (TP 1/2/4/8) and the CPU backend (about 15 s).
+
+The recorded output (tests/fixtures/vllm-kv/*.json, which the fast path checks) must
+also still be what vLLM prints.
+"""
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+from helpers import DEEPSEEK_V4_REFUSALS, kv_plan_vs_vllm
+# Shared docker fixtures (the SDK client; the image, built when missing).
+from test_vllm_image import docker_client, image  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RECORDED = ROOT / "tests" / "fixtures" / "vllm-kv"
+
+# script, recorded output, refusals, numbers compared, cases both refuse
+CHECKS = {
+    "deepseek-v4": ("tests/differential/deepseek_v4_vllm.py", "deepseek-v4.json",
+                    DEEPSEEK_V4_REFUSALS, 312, 96),
+    "gemma-4": ("tests/differential/gemma4_vllm.py", "gemma-4.json", (), 508, 0),
+}
+
+
+def _numbers(doc):
+    """The recorded document without its timing."""
+    return {k: v for k, v in doc.items() if k != "seconds"}
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_tuner_equals_vllm(image, name):  # noqa: F811
+    script, recorded, refusals, expected_compared, expected_refused = CHECKS[name]
+    ref = image.tags[0] if image.tags else image.id
+    out = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "-v", f"{ROOT}:/src:ro",
+         "--entrypoint", "python", ref, f"/src/{script}"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    fresh = json.loads(out.stdout)
+    assert fresh["vllm_version"] == "0.32.0"
+    compared, refused, diffs = kv_plan_vs_vllm(fresh, refusals)
+    assert not diffs, "\n".join(diffs[:20])
+    assert compared == expected_compared and refused == expected_refused
+    assert _numbers(fresh) == _numbers(json.loads((RECORDED / recorded).read_text())), (
+        f"vLLM's numbers changed: re-record tests/fixtures/vllm-kv/{recorded} "
+        "(command in tests/fixtures/vllm-kv/SOURCES.md)")
