@@ -269,17 +269,10 @@ def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
             return _unified_page_layout(model, counts, kind_bytes, block_size,
                                         async_sched)
         per_token = next(iter(kind_bytes.values()))
-    if len(counts) == 1:
-        group_size = num_layers
-        groups = list(counts)
-    else:
-        # _get_kv_cache_groups_uniform_page_size: group size is the smallest layer
-        # count, or the largest when it is under 1.5x the smallest.
-        smallest, largest = min(counts.values()), max(counts.values())
-        group_size = largest if largest < smallest * 1.5 else smallest
-        groups = []
-        for kind, count in counts.items():
-            groups += [kind] * math.ceil(count / group_size)
+    group_size = _group_size(counts)
+    groups = []
+    for kind, count in counts.items():
+        groups += [kind] * math.ceil(count / group_size)
     return {"per_token_layer_bytes": per_token, "page_bytes": per_token * block_size,
             "group_size": group_size, "groups": groups,
             "bytes_per_block": per_token * block_size * group_size,
@@ -292,6 +285,14 @@ def _attention_token_bytes(num_kv_heads, head_size, tp, element_bytes):
     block_size); get_num_kv_heads: heads are replicated when kv heads < tp (1 per
     GPU)."""
     return 2 * max(1, num_kv_heads // tp) * head_size * element_bytes
+
+
+def _group_size(counts):
+    """Layers per KV cache group, from the layer count of each kind
+    (_get_kv_cache_groups_uniform_page_size): the smallest count, or the largest when
+    it is under 1.5x the smallest (one kind: all its layers)."""
+    smallest, largest = min(counts.values()), max(counts.values())
+    return largest if largest < smallest * 1.5 else smallest
 
 
 def _group_split(count, group_size):
@@ -309,12 +310,11 @@ def _unified_page_layout(model, counts, kind_bytes, block_size, async_sched):
 
     The largest page stays; a smaller one that divides it takes a block size that many
     times larger (same page bytes, more tokens), one that does not divide it is padded
-    to it. The layers are then grouped by spec with the smallest/largest group-size rule
-    of kv_layout, and every layer of every group holds one page per block."""
+    to it. The layers are then grouped by spec (_group_size), and every layer of every
+    group holds one page per block."""
     pages = {kind: kind_bytes[kind] * block_size for kind in counts}
     top = max(pages.values())
-    smallest, largest = min(counts.values()), max(counts.values())
-    group_size = largest if largest < smallest * 1.5 else smallest
+    group_size = _group_size(counts)
     groups = []
     for kind, count in counts.items():
         block = block_size * (top // pages[kind]) if top % pages[kind] == 0 else block_size
