@@ -48,30 +48,16 @@ How the per-layer specs are built (vllm 0.32.0, read in the image):
 """
 from __future__ import annotations
 
-import argparse
-import copy
-import json
-import logging
-import os
-import sys
-import time
 import types
 
-GIB = 1024 ** 3
+import vllm_kv_plan
+
 MODELS = {"flash": "deepseek-v4-flash", "pro": "deepseek-v4-pro"}
 TPS = (1, 2, 4, 8)
 BLOCK_SIZES = (128, 256)
 KV_DTYPES = ("auto", "fp8", "bfloat16")
 MAX_NUM_BATCHED_TOKENS = 8192
-# Available KV memory per GPU for each TP size (an input, like vLLM's profiled
-# "Available KV cache memory"); the odd bytes exercise the floor divisions.
-AVAILABLE = {1: 3 * GIB + 12345, 2: 17 * GIB + 777, 4: 41 * GIB + 99, 8: 63 * GIB + 5}
 MAX_MODEL_LENS = (None, 131072, 200001)  # None: the length vLLM derives from config
-
-
-def _quiet():
-    logging.disable(logging.WARNING)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 
 def build_specs(vc, attn_cls, hf):
@@ -142,61 +128,16 @@ def build_specs(vc, attn_cls, hf):
     return specs, backends
 
 
-_MODEL_CONFIGS = {}
-
-
 def make_config(model_dir, tp, block_size, kv_dtype, max_model_len):
-    from vllm.config import (CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                             VllmConfig)
-    if model_dir not in _MODEL_CONFIGS:  # about 10 s each: build it once per model
-        _MODEL_CONFIGS[model_dir] = ModelConfig(model=model_dir, skip_tokenizer_init=True)
-    mc = copy.deepcopy(_MODEL_CONFIGS[model_dir])
-    if max_model_len is not None:
-        # --max-model-len below the derived limit: ModelConfig keeps it as given.
-        assert max_model_len <= mc.max_model_len
-        mc.max_model_len = max_model_len
-    vc = VllmConfig(
-        model_config=mc,
-        cache_config=CacheConfig(block_size=block_size, cache_dtype=kv_dtype),
-        scheduler_config=SchedulerConfig(
-            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_num_seqs=1024,
-            max_model_len=mc.max_model_len, is_encoder_decoder=False,
-            enable_chunked_prefill=True),
-        parallel_config=ParallelConfig(tensor_parallel_size=tp))
-    # The CUDA platform's decisions (see the module docstring). The CPU platform
-    # also forces block size 256 for DeepSeek-V4 ("DeepSeek-V4 CPU backend requires
+    # The CUDA platform's decisions (see the module docstring). The CPU platform also
+    # forces block size 256 for DeepSeek-V4 ("DeepSeek-V4 CPU backend requires
     # block_size=256"); CUDA keeps a user-specified --block-size
     # (Platform.update_block_size_for_backend).
-    vc.cache_config.block_size = block_size
-    vc.scheduler_config.disable_hybrid_kv_cache_manager = False
-    vc.scheduler_config.async_scheduling = True
-    vc.scheduler_config.max_num_batched_tokens = MAX_NUM_BATCHED_TOKENS
-    vc.scheduler_config.enable_chunked_prefill = True
-    vc.device_config.device_type = "cuda"
-    return vc
-
-
-def summarise_groups(groups):
-    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
-    out = []
-    for group in groups:
-        spec = group.kv_cache_spec
-        layers = (list(spec.kv_cache_specs.values())
-                  if isinstance(spec, UniformTypeKVCacheSpecs) else
-                  [spec] * len(group.layer_names))
-        pages = {}
-        for layer in layers:
-            pages[str(layer.page_size_bytes)] = pages.get(str(layer.page_size_bytes), 0) + 1
-        out.append({"type": type(layers[0]).__name__, "layers": len(group.layer_names),
-                    "block_size": spec.block_size, "layers_per_page_bytes": pages,
-                    "page_bytes": sum(s.page_size_bytes for s in layers)})
-    return out
+    return vllm_kv_plan.make_config(model_dir, tp, block_size, kv_dtype, max_model_len,
+                                    max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS)
 
 
 def one_case(model_dir, tp, block_size, kv_dtype, avail, max_model_len, hf_cache):
-    from vllm.v1.attention.backends.utils import (get_supported_kv_cache_layouts,
-                                                  resolve_kv_cache_layout)
-    from vllm.v1.core import kv_cache_utils as kcu
     from vllm.v1.worker.utils import select_common_block_size
 
     vc = make_config(model_dir, tp, block_size, kv_dtype, max_model_len)
@@ -226,77 +167,21 @@ def one_case(model_dir, tp, block_size, kv_dtype, avail, max_model_len, hf_cache
                 case["error"] = f"ValueError: {exc}"
                 case["error_layer"] = name
                 return case
-    layout = resolve_kv_cache_layout(
-        vc, [[x.name for x in get_supported_kv_cache_layouts(set(backends.values()))]],
-        list(specs.values()))
-    case["kv_cache_layout"] = layout.name
     case["num_specs"] = len(specs)
-    # The groups get_kv_cache_configs builds (it calls get_kv_cache_groups on the
-    # merged specs), for the estimate and the summary.
-    groups = kcu.get_kv_cache_groups(vc, dict(specs))
-    bytes_per_block = kcu._pool_bytes_per_block(vc, groups)
-    # The estimate vLLM's auto-fit (--max-model-len auto) and its "not enough memory"
-    # error use: the longest length up to the model's own limit whose one request
-    # fits in the memory left after the null block (get_kv_cache_configs).
-    saved = vc.model_config.max_model_len
-    vc.model_config.max_model_len = hf_cache["derived_max_len"]
-    try:
-        case["estimated_max_model_len"] = kcu._estimate_max_model_len_from_groups(
-            vc, groups, avail - bytes_per_block)
-    finally:
-        vc.model_config.max_model_len = saved
-    case["bytes_per_block"] = bytes_per_block
-    case["groups"] = summarise_groups(groups)
-    try:
-        configs = kcu.get_kv_cache_configs(vc, [dict(specs) for _ in range(tp)],
-                                           [avail] * tp)
-    except ValueError as exc:
-        case["error"] = f"ValueError: {exc}"
-        return case
-    sched = kcu.generate_scheduler_kv_cache_config(configs)
-    kcu.update_kv_cache_capacity(vc, sched)
-    assert kcu._pool_bytes_per_block(vc, configs[0].kv_cache_groups) == bytes_per_block
-    per_request = sum(
-        kcu.cdiv(g.kv_cache_spec.max_memory_usage_bytes(vc), g.kv_cache_spec.page_size_bytes)
-        for g in sched.kv_cache_groups)
-    case.update({
-        "num_blocks": sched.num_blocks,
-        "blocks_per_request": per_request,
-        "max_concurrency": vc.cache_config.kv_cache_max_concurrency,
-        "kv_cache_size_tokens": vc.cache_config.kv_cache_size_tokens,
-    })
-    return case
+    return vllm_kv_plan.plan(vc, specs, backends.values(), avail,
+                             hf_cache["derived_max_len"], case)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models-dir", default=os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "models"))
-    parser.add_argument("--models", default=",".join(MODELS))
-    args = parser.parse_args()
-    _quiet()
-    import vllm
-    started = time.time()
-    out = {"vllm_version": vllm.__version__,
-           "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "async_scheduling": True,
-           "models": {}}
-    for key in args.models.split(","):
-        model_dir = os.path.abspath(os.path.join(args.models_dir, MODELS[key]))
-        derived = make_config(model_dir, 1, 256, "auto", None).model_config.max_model_len
-        hf_cache = {"derived_max_len": derived}
-        cases = []
-        for tp in TPS:
-            for block_size in BLOCK_SIZES:
-                for kv_dtype in KV_DTYPES:
-                    for max_len in MAX_MODEL_LENS:
-                        cases.append(one_case(model_dir, tp, block_size, kv_dtype,
-                                              AVAILABLE[tp], max_len, hf_cache))
-        out["models"][key] = {"config": f"tests/fixtures/models/{MODELS[key]}/config.json",
-                              "derived_max_model_len": derived, "cases": cases}
-    out["seconds"] = round(time.time() - started, 1)
-    json.dump(out, sys.stdout, indent=1, sort_keys=True)
-    sys.stdout.write("\n")
+def cases(model_dir, derived):
+    hf_cache = {"derived_max_len": derived}
+    return [one_case(model_dir, tp, block_size, kv_dtype, vllm_kv_plan.AVAILABLE[tp],
+                     max_len, hf_cache)
+            for tp in TPS for block_size in BLOCK_SIZES for kv_dtype in KV_DTYPES
+            for max_len in MAX_MODEL_LENS]
 
 
 if __name__ == "__main__":
-    main()
+    vllm_kv_plan.main(
+        __doc__, MODELS,
+        lambda d: make_config(d, 1, 256, "auto", None).model_config.max_model_len, cases,
+        header={"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "async_scheduling": True})

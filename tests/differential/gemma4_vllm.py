@@ -56,16 +56,13 @@ per-layer specs are built (vllm 0.32.0, read in the image):
 """
 from __future__ import annotations
 
-import argparse
-import copy
+import functools
 import json
-import logging
 import os
-import sys
-import time
 import types
 
-GIB = 1024 ** 3
+import vllm_kv_plan
+
 MODELS = {"26b-a4b": "gemma-4-26b-a4b", "31b-it": "gemma-4-31b-it"}
 # target: (backend module:class, block size, async scheduling, max_num_batched_tokens,
 # tensor-parallel sizes, KV cache dtypes, device type)
@@ -77,15 +74,7 @@ TARGETS = {
     "cpu": ("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend",
             128, False, 2048, (1,), ("auto",), "cpu"),
 }
-# Available KV memory per GPU for each TP size (an input, like vLLM's profiled
-# "Available KV cache memory"); the odd bytes exercise the floor divisions.
-AVAILABLE = {1: 3 * GIB + 12345, 2: 17 * GIB + 777, 4: 41 * GIB + 99, 8: 63 * GIB + 5}
 MAX_MODEL_LENS = (None, 131072, 8193)  # None: the length vLLM derives from config
-
-
-def _quiet():
-    logging.disable(logging.WARNING)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 
 def _backend(path):
@@ -132,12 +121,11 @@ def build_specs(vc, backend):
     return specs
 
 
-_MODEL_CONFIGS = {}
-
-
+@functools.lru_cache(maxsize=None)
 def text_model_dir(model_dir):
     """A temporary folder whose config.json is the fixture's text_config as
-    Gemma4ForCausalLM (see the module docstring)."""
+    Gemma4ForCausalLM (see the module docstring); one per model, so that
+    vllm_kv_plan builds its ModelConfig once."""
     import tempfile
     with open(os.path.join(model_dir, "config.json")) as handle:
         cfg = json.load(handle)
@@ -150,53 +138,14 @@ def text_model_dir(model_dir):
 
 def make_config(model_dir, tp, block_size, kv_dtype, max_model_len, async_sched, mnbt,
                 device_type):
-    from vllm.config import (CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                             VllmConfig)
-    if model_dir not in _MODEL_CONFIGS:  # about 10 s each: build it once per model
-        _MODEL_CONFIGS[model_dir] = ModelConfig(model=text_model_dir(model_dir),
-                                                skip_tokenizer_init=True)
-    mc = copy.deepcopy(_MODEL_CONFIGS[model_dir])
-    if max_model_len is not None:
-        # --max-model-len below the derived limit: ModelConfig keeps it as given.
-        assert max_model_len <= mc.max_model_len
-        mc.max_model_len = max_model_len
-    vc = VllmConfig(
-        model_config=mc,
-        cache_config=CacheConfig(block_size=block_size, cache_dtype=kv_dtype),
-        scheduler_config=SchedulerConfig(
-            max_num_batched_tokens=mnbt, max_num_seqs=256,
-            max_model_len=mc.max_model_len, is_encoder_decoder=False,
-            enable_chunked_prefill=True),
-        parallel_config=ParallelConfig(tensor_parallel_size=tp))
     # The target platform's decisions (see the module docstring).
-    vc.cache_config.block_size = block_size
-    vc.scheduler_config.disable_hybrid_kv_cache_manager = False
-    vc.scheduler_config.async_scheduling = async_sched
-    vc.scheduler_config.max_num_batched_tokens = mnbt
-    vc.scheduler_config.enable_chunked_prefill = True
-    vc.device_config.device_type = device_type
-    return vc
-
-
-def summarise_groups(groups):
-    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
-    out = []
-    for group in groups:
-        spec = group.kv_cache_spec
-        layers = (list(spec.kv_cache_specs.values())
-                  if isinstance(spec, UniformTypeKVCacheSpecs) else
-                  [spec] * len(group.layer_names))
-        out.append({"type": type(layers[0]).__name__, "layers": len(group.layer_names),
-                    "block_size": spec.block_size,
-                    "page_bytes": sum(s.page_size_bytes for s in layers)})
-    return out
+    return vllm_kv_plan.make_config(
+        text_model_dir(model_dir), tp, block_size, kv_dtype, max_model_len,
+        async_sched=async_sched, max_num_batched_tokens=mnbt, max_num_seqs=256,
+        device_type=device_type)
 
 
 def one_case(model_dir, target, tp, kv_dtype, avail, max_model_len, derived):
-    from vllm.v1.attention.backends.utils import (get_supported_kv_cache_layouts,
-                                                  resolve_kv_cache_layout)
-    from vllm.v1.core import kv_cache_utils as kcu
-
     path, block_size, async_sched, mnbt, _, _, device_type = TARGETS[target]
     backend = _backend(path)
     vc = make_config(model_dir, tp, block_size, kv_dtype, max_model_len, async_sched,
@@ -207,70 +156,19 @@ def one_case(model_dir, target, tp, kv_dtype, avail, max_model_len, derived):
             "async_scheduling": async_sched, "max_num_batched_tokens": mnbt,
             "backend": backend.get_name()}
     specs = build_specs(vc, backend)
-    layout = resolve_kv_cache_layout(
-        vc, [[x.name for x in get_supported_kv_cache_layouts([backend])]],
-        list(specs.values()))
-    case["kv_cache_layout"] = layout.name
     case["layer_pages"] = sorted({s.page_size_bytes for s in specs.values()})
-    groups = kcu.get_kv_cache_groups(vc, dict(specs))
-    bytes_per_block = kcu._pool_bytes_per_block(vc, groups)
-    saved = vc.model_config.max_model_len
-    vc.model_config.max_model_len = derived
-    try:
-        case["estimated_max_model_len"] = kcu._estimate_max_model_len_from_groups(
-            vc, groups, avail - bytes_per_block)
-    finally:
-        vc.model_config.max_model_len = saved
-    case["bytes_per_block"] = bytes_per_block
-    case["groups"] = summarise_groups(groups)
-    try:
-        configs = kcu.get_kv_cache_configs(vc, [dict(specs) for _ in range(tp)],
-                                           [avail] * tp)
-    except ValueError as exc:
-        case["error"] = f"ValueError: {exc}"
-        return case
-    sched = kcu.generate_scheduler_kv_cache_config(configs)
-    kcu.update_kv_cache_capacity(vc, sched)
-    assert kcu._pool_bytes_per_block(vc, configs[0].kv_cache_groups) == bytes_per_block
-    per_request = sum(
-        kcu.cdiv(g.kv_cache_spec.max_memory_usage_bytes(vc), g.kv_cache_spec.page_size_bytes)
-        for g in sched.kv_cache_groups)
-    case.update({
-        "num_blocks": sched.num_blocks,
-        "blocks_per_request": per_request,
-        "max_concurrency": vc.cache_config.kv_cache_max_concurrency,
-        "kv_cache_size_tokens": vc.cache_config.kv_cache_size_tokens,
-    })
-    return case
+    return vllm_kv_plan.plan(vc, specs, [backend], avail, derived, case)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models-dir", default=os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "models"))
-    parser.add_argument("--models", default=",".join(MODELS))
-    args = parser.parse_args()
-    _quiet()
-    import vllm
-    started = time.time()
-    out = {"vllm_version": vllm.__version__, "models": {}}
-    for key in args.models.split(","):
-        model_dir = os.path.abspath(os.path.join(args.models_dir, MODELS[key]))
-        derived = make_config(model_dir, 1, 16, "auto", None, True, 8192,
-                              "cuda").model_config.max_model_len
-        cases = []
-        for target, (_, _, _, _, tps, kv_dtypes, _) in TARGETS.items():
-            for tp in tps:
-                for kv_dtype in kv_dtypes:
-                    for max_len in MAX_MODEL_LENS:
-                        cases.append(one_case(model_dir, target, tp, kv_dtype,
-                                              AVAILABLE[tp], max_len, derived))
-        out["models"][key] = {"config": f"tests/fixtures/models/{MODELS[key]}/config.json",
-                              "derived_max_model_len": derived, "cases": cases}
-    out["seconds"] = round(time.time() - started, 1)
-    json.dump(out, sys.stdout, indent=1, sort_keys=True)
-    sys.stdout.write("\n")
+def cases(model_dir, derived):
+    return [one_case(model_dir, target, tp, kv_dtype, vllm_kv_plan.AVAILABLE[tp], max_len,
+                     derived)
+            for target, (_, _, _, _, tps, kv_dtypes, _) in TARGETS.items()
+            for tp in tps for kv_dtype in kv_dtypes for max_len in MAX_MODEL_LENS]
 
 
 if __name__ == "__main__":
-    main()
+    vllm_kv_plan.main(
+        __doc__, MODELS,
+        lambda d: make_config(d, 1, 16, "auto", None, True, 8192,
+                              "cuda").model_config.max_model_len, cases)
