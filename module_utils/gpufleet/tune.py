@@ -718,8 +718,9 @@ def _check_per_kind_backend(model, hw, kv_dtype, requested, reasons):
     if hw["cpu"]:
         reasons.append(
             "Gemma 4 on vLLM's CPU backend: CPU_ATTN keeps the head-major LBHNC layout "
-            "(cpu_attn.py supported_kv_cache_layouts), so the two page sizes are "
-            f"unified at block size {hw['block_size']}.")
+            "(cpu_attn.py supported_kv_cache_layouts), which is not block-outermost: "
+            "where the two layer kinds' pages differ, vLLM unifies them at block size "
+            f"{hw['block_size']}.")
         return kv_dtype
     cc = hw["cc"]
     where = f"compute capability {cc[0]}.{cc[1]}"
@@ -756,8 +757,8 @@ def _check_per_kind_backend(model, hw, kv_dtype, requested, reasons):
     reasons.append(
         f"Gemma 4 on {where}: its head sizes differ, so vLLM runs {backend} "
         "(Gemma4Config); both take 16-token blocks here and neither declares a KV cache "
-        "layout, so vLLM keeps LBNHC, which is not block-outermost, and unifies the two "
-        "page sizes (kv_cache_utils.get_kv_cache_groups).")
+        "layout, so vLLM keeps LBNHC, which is not block-outermost: where the two layer "
+        "kinds' pages differ, it unifies them (kv_cache_utils.get_kv_cache_groups).")
     return kv_dtype
 
 
