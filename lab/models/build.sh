@@ -5,6 +5,7 @@
 #   gpufleet/tiny-llama                     tiny random Llama for fast tests (seed 0)
 #   gpufleet/tiny-gemma3                    tiny random Gemma 3 text, 5 sliding + 1 full layers
 #   gpufleet/tiny-cohere2                   tiny random Cohere2, 3 sliding (window 513) + 1 full
+#   gpufleet/tiny-gemma4                    tiny random Gemma 4 text, 5 sliding (4 x 32) + 1 full (1 x 64)
 #
 #   lab/models/build.sh [--force] [NAME ...]
 #

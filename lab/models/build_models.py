@@ -38,6 +38,7 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 TINY = "gpufleet/tiny-llama"
 TINY_GEMMA3 = "gpufleet/tiny-gemma3"
 TINY_COHERE2 = "gpufleet/tiny-cohere2"
+TINY_GEMMA4 = "gpufleet/tiny-gemma4"
 
 
 class BuildError(RuntimeError):
@@ -279,8 +280,43 @@ def build_tiny_cohere2(out: pathlib.Path) -> None:
                max_position_embeddings=8192, tie_word_embeddings=True)
 
 
+def build_tiny_gemma4(out: pathlib.Path) -> None:
+    """A tiny random Gemma 4 text model (model_type gemma4_text, Gemma4ForCausalLM) for KV
+    pages of two sizes: 6 layers, 5 sliding-window layers (window 512) then 1 full
+    (layer_types); the sliding layers have 4 KV heads of head_dim 32, the full layer
+    1 KV head of global_head_dim 64 (num_global_key_value_heads with attention_k_eq_v,
+    as gemma-4-26B-A4B and 31B have), so a sliding page is twice a full one, as on those
+    models at TP 1; both head sizes are vLLM's CPU attention sizes. Hidden 128, 4 heads,
+    no per-layer embeddings (hidden_size_per_layer_input 0), no shared KV layers, no MoE,
+    context 8192, the tiny models' tokenizer, seed 0.
+
+    config.json is written as the published Gemma 4 checkpoints carry it (global_head_dim
+    and num_global_key_value_heads, no per_layer_config): transformers 5.24's
+    save_pretrained replaces those two fields with the per_layer_config it derives from
+    them at load time, which transformers 5.19 (vLLM 0.32.0's) reads back unchanged."""
+    full_head, full_kv = 64, 1
+    _save_tiny(out, "Gemma4TextConfig", "Gemma4ForCausalLM",
+               hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+               num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+               global_head_dim=full_head, num_global_key_value_heads=full_kv,
+               attention_k_eq_v=True, hidden_size_per_layer_input=0,
+               num_kv_shared_layers=0, enable_moe_block=False, sliding_window=512,
+               layer_types=["sliding_attention"] * 5 + ["full_attention"],
+               max_position_embeddings=8192, tie_word_embeddings=True)
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    per_layer = config.pop("per_layer_config", None)
+    if per_layer != {"5": {"head_dim": full_head, "num_key_value_heads": full_kv}}:
+        raise BuildError(f"transformers wrote per_layer_config {per_layer!r} for "
+                         "tiny-gemma4, not the full layer's head_dim and KV heads: the "
+                         "Gemma4TextConfig layout changed; update lab/models/build_models.py")
+    config.update(global_head_dim=full_head, num_global_key_value_heads=full_kv)
+    path.write_text(json.dumps(dict(sorted(config.items())), indent=2) + "\n")
+
+
 RECIPES = {SMOLLM2: build_smollm2, MINILM: build_minilm, TINY: build_tiny,
-           TINY_GEMMA3: build_tiny_gemma3, TINY_COHERE2: build_tiny_cohere2}
+           TINY_GEMMA3: build_tiny_gemma3, TINY_COHERE2: build_tiny_cohere2,
+           TINY_GEMMA4: build_tiny_gemma4}
 
 
 # --------------------------------------------------------------------------- driver

@@ -23,7 +23,12 @@ KV cache manager (SlidingWindowSpec for the sliding layers, 6 KV cache groups sh
 one block pool): at max_model_len 4096 the window caps what a sliding group holds
 (21 blocks per request, not 33), at 1000 it does not (but still costs the extra
 block). Each case states the blocks one request holds, worked out by hand from vLLM's
-rules (see DECODER_CASES), so the concurrency check does not lean on the tuner. The
+rules (see DECODER_CASES), so the concurrency check does not lean on the tuner.
+gpufleet/tiny-gemma4 (Gemma4ForCausalLM, model_type gemma4_text) adds KV pages of two
+sizes: its 5 sliding layers have 4 KV heads x 32, its full layer 1 x 64
+(global_head_dim, num_global_key_value_heads), and vLLM unifies them by giving the full
+layer 256-token blocks (it logs `kv cache group sizes (128, 128, 128, 128, 128, 256)`),
+which the tuner must follow (gpufleet.tune._unified_page_layout). The
 embedding model (all-MiniLM-L6-v2, pooling runner) must start healthy from the
 module's args and answer one /v1/embeddings request.
 
@@ -31,10 +36,12 @@ Containers are named tunecheck-* and started one at a time, removed whatever hap
 every wait is bounded. They share one vLLM cache folder (VLLM_CACHE_ROOT, as
 vllm_server_cache_root gives a deployment), so the starts after the first of a model
 class skip vLLM's model-class inspection; what the test compares (the KV cache sizing)
-is computed at every start. Seven starts (eight since tiny-cohere2, 2026-12-04): 28-33 s each, 3.5 minutes for the file, on 2 cores
+is computed at every start. Seven starts (eight since tiny-cohere2, 2026-12-04; ten
+since tiny-gemma4, 2026-12-05): 28-33 s each, 3.5 minutes for the file, on 2 cores
 otherwise idle (2026-12-03; the two tiny-gemma3 cases add 57 s); 35-120 s each when the
 cores are shared with a running lab. With the shared cache folder: 20-28 s each, 7 passed
-in 2 min 51 s (2026-12-04, idle).
+in 2 min 51 s (2026-12-04, idle); the two tiny-gemma4 cases: healthy after 25 and 19 s,
+45 s for the pair (`-k gemma4`, 2026-12-05).
 """
 import pathlib
 import subprocess
@@ -177,6 +184,25 @@ def serve(docker_client, image, vllm_cache):  # noqa: F811 (fixtures imported ab
 #   L 4096: 3 x (cdiv(min(514 - 1 + 2048, 4096), 128) + 1) + cdiv(4096, 128)
 #           = 3 x (21 + 1) + 32 = 98 (with the config's 513 it would be 3 x 21 + 32 = 95,
 #           a concurrency about 3% higher: outside the tolerance below)
+# gpufleet/tiny-gemma4 (Gemma4ForCausalLM, model_type gemma4_text) has layer_types
+# 5 x sliding_attention (window 512) + 1 x full_attention, the sliding layers 4 KV heads
+# x head_dim 32, the full one 1 KV head x global_head_dim 64 (num_global_key_value_heads,
+# attention_k_eq_v): pages of 2 x 4 x 32 x 2 B x 128 = 65,536 B (sliding) and
+# 2 x 1 x 64 x 2 B x 128 = 32,768 B (full). The head sizes differ, so vLLM's Gemma4Config
+# asks for another backend, but the CPU platform runs CPU_ATTN (LBHNC, not
+# block-outermost): get_kv_cache_groups calls unify_kv_cache_spec_page_size, which keeps
+# the 65,536 B page and gives the full layer a block of 128 x 2 = 256 tokens (same bytes);
+# then 6 groups of one layer (group size 1), one pool of 65,536 B blocks:
+# 64 MiB / 65,536 = 1024 blocks, 16 MiB / 65,536 = 256.
+#   L 4096: 5 x (cdiv(min(511 + 2048, 4096), 128) + 1) + cdiv(4096, 256)
+#           = 5 x 21 + 16 = 121 (1024 / 121 = 8.46x). Not unified (the full page padded
+#           to 65,536 B at 128 tokens, or the sliding pages taken as the full one's):
+#           5 x 21 + 32 = 137, 7.47x: outside the tolerance below
+#   L 1000: 5 x (cdiv(min(2559, 1000), 128) + 1) + cdiv(1000, 256) = 5 x 9 + 4 = 49
+#           (256 / 49 = 5.22x; not unified: 5 x 9 + 8 = 53, 4.83x)
+# Control (run by hand 2026-12-05, _unified_page_layout keeping block 128 for every
+# kind, i.e. padding): the tuner predicted 30,615 tokens / 7.47x and 4,830 / 4.83x,
+# and both cases failed against vLLM's logged 34,663 / 8.46x and 5,224 / 5.22x.
 DECODER_CASES = [
     ("gpufleet/tiny-llama", "bfloat16", 256, 100_000_000, 2),
     ("gpufleet/tiny-llama", "bfloat16", 200, 16 * 1024 * 1024, 2),
@@ -185,6 +211,8 @@ DECODER_CASES = [
     ("gpufleet/tiny-gemma3", "bfloat16", 4096, 16 * 1024 * 1024, 137),
     ("gpufleet/tiny-gemma3", "bfloat16", 1000, 8 * 1024 * 1024, 53),
     ("gpufleet/tiny-cohere2", "bfloat16", 4096, 16 * 1024 * 1024, 98),
+    ("gpufleet/tiny-gemma4", "bfloat16", 4096, 64 * 1024 * 1024, 121),
+    ("gpufleet/tiny-gemma4", "bfloat16", 1000, 16 * 1024 * 1024, 49),
 ]
 MAX_NUM_BATCHED_TOKENS = 2048  # the module's CPU default, behind the sliding figures
 
