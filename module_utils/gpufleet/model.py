@@ -354,6 +354,16 @@ UNMODELLED_STRUCTURES = (
      "full-attention layers with their own KV head count (a Gemma 4 variant): pages of "
      "two sizes, one per layer kind (Gemma4Config in vllm/model_executor/models/"
      "config.py)"),
+    # transformers' per-layer overrides (configuration_utils.py HeterogeneousConfigMixin:
+    # "a sparse mapping from layer indices to configuration attribute overrides"), which
+    # vLLM reads per layer (ModelArchitectureConfig.__getitem__, config/model_arch.py)
+    # where the model file asks for them. Read for PER_KIND_HEAD_MODEL_TYPES
+    # (_kind_heads); transformers 5.24 saves Gemma 4's full layers this way.
+    ("per_layer_config", lambda v, text: bool(v)
+     and text.get("model_type") not in PER_KIND_HEAD_MODEL_TYPES,
+     "per-layer overrides of the config (transformers' per_layer_config): layers with "
+     "their own head size, KV heads or window, which vLLM reads per layer "
+     "(config/model_arch.py ModelArchitectureConfig)"),
     ("use_bidirectional_attention", lambda v, text: v == "all",
      "bidirectional attention on every layer (an embedding Gemma 4): not causal, and "
      "transformers 5.19 halves the sliding window at load time "
@@ -958,22 +968,76 @@ def _kind_heads(text, model_type, layer_kinds, kv_heads, head_size, num_heads, s
     they differ between the kinds; None otherwise."""
     if model_type not in PER_KIND_HEAD_MODEL_TYPES:
         return None
-    full_head = _positive_int(text.get("global_head_dim"), "global_head_dim", source)
-    full_kv = kv_heads
-    if text.get("attention_k_eq_v") and text.get("num_global_key_value_heads") is not None:
-        full_kv = _positive_int(text["num_global_key_value_heads"],
-                                "num_global_key_value_heads", source,
-                                extra=f" dividing num_attention_heads ({num_heads})")
-        if num_heads % full_kv:
-            raise ModelError(f"{source}: num_global_key_value_heads {full_kv} does not "
-                             f"divide num_attention_heads {num_heads}; grouped-query "
-                             "attention needs it to (check the config)")
-    heads = {"sliding": {"num_kv_heads": kv_heads, "head_size": head_size},
-             "full": {"num_kv_heads": full_kv, "head_size": full_head}}
-    heads = {kind: heads[kind] for kind in dict.fromkeys(layer_kinds)}
-    if len({(h["num_kv_heads"], h["head_size"]) for h in heads.values()}) <= 1:
+    if text.get("per_layer_config"):
+        layers = _per_layer_heads(text["per_layer_config"], layer_kinds, kv_heads,
+                                  head_size, num_heads, source)
+    else:
+        full_head = _positive_int(text.get("global_head_dim"), "global_head_dim", source)
+        full_kv = kv_heads
+        if text.get("attention_k_eq_v") and \
+                text.get("num_global_key_value_heads") is not None:
+            full_kv = _positive_int(text["num_global_key_value_heads"],
+                                    "num_global_key_value_heads", source,
+                                    extra=f" dividing num_attention_heads ({num_heads})")
+            _check_kv_divides(full_kv, "num_global_key_value_heads", num_heads, source)
+        layers = [(full_kv, full_head) if kind == "full" else (kv_heads, head_size)
+                  for kind in layer_kinds]
+    heads = {}
+    for kind, pair in zip(layer_kinds, layers):
+        if heads.setdefault(kind, pair) != pair:
+            raise UnsupportedModelError(
+                f"{source}: per_layer_config gives {kind} layers different KV heads or "
+                f"head sizes ({heads[kind]} and {pair}, as KV heads x head size); "
+                "gpufleet's tuner models one of each per layer kind. Run vLLM once with "
+                "--kv-cache-memory-bytes and read its 'KV cache size' line instead.")
+    if len(set(heads.values())) <= 1:
         return None
-    return heads
+    return {kind: {"num_kv_heads": kv, "head_size": size}
+            for kind, (kv, size) in heads.items()}
+
+
+# The per-layer overrides _per_layer_heads reads; any other one is refused, since
+# vLLM may read it per layer too (a window, a rope) and the tuner would not.
+PER_LAYER_HEAD_FIELDS = ("head_dim", "num_key_value_heads")
+
+
+def _per_layer_heads(per_layer, layer_kinds, kv_heads, head_size, num_heads, source):
+    """(KV heads, head size) of every layer from transformers' per_layer_config, a
+    sparse mapping from layer index (a string in JSON) to the fields that differ from
+    the config's own: what Gemma4TextConfig writes when it saves (transformers 5.24),
+    and what it and vLLM read back in place of global_head_dim /
+    num_global_key_value_heads (configuration_gemma4.py:212: derived only when the file
+    has no per_layer_config)."""
+    if not isinstance(per_layer, dict):
+        raise ModelError(f"{source}: per_layer_config is {per_layer!r}; it must map layer "
+                         "indices to the fields that differ, such as "
+                         "{\"5\": {\"head_dim\": 512}}")
+    layers = [(kv_heads, head_size)] * len(layer_kinds)
+    for key, fields in per_layer.items():
+        where = f"per_layer_config[{key!r}]"
+        if not str(key).isdigit() or int(key) >= len(layer_kinds) or \
+                not isinstance(fields, dict):
+            raise ModelError(f"{source}: {where} must be a layer index below "
+                             f"{len(layer_kinds)} mapped to the fields that differ")
+        other = sorted(set(fields) - set(PER_LAYER_HEAD_FIELDS))
+        if other:
+            raise UnsupportedModelError(
+                f"{source}: {where} overrides {', '.join(other)}; gpufleet's tuner reads "
+                f"only {' and '.join(PER_LAYER_HEAD_FIELDS)} per layer. Run vLLM once "
+                "with --kv-cache-memory-bytes and read its 'KV cache size' line instead.")
+        kv = _positive_int(fields.get("num_key_value_heads", kv_heads),
+                           f"{where}.num_key_value_heads", source)
+        _check_kv_divides(kv, f"{where}.num_key_value_heads", num_heads, source)
+        layers[int(key)] = (kv, _positive_int(fields.get("head_dim", head_size),
+                                              f"{where}.head_dim", source))
+    return layers
+
+
+def _check_kv_divides(kv, field, num_heads, source):
+    if num_heads % kv:
+        raise ModelError(f"{source}: {field} {kv} does not divide num_attention_heads "
+                         f"{num_heads}; grouped-query attention needs it to (check the "
+                         "config)")
 
 
 def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=None):

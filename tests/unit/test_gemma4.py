@@ -312,3 +312,61 @@ def test_tiny_gemma4_control_padding_fails_the_log(monkeypatch):
     assert p["blocks_per_request"] == 137
     assert (p["kv_cache_tokens"], p["max_concurrency"]) == (30615, 7.47)
     assert abs(p["kv_cache_tokens"] - log["kv_cache_tokens"]) > 128
+
+
+def _saved_by_transformers_5_24(cfg):
+    """The same config as transformers 5.24's save_pretrained writes it: the full
+    layer's head size and KV heads in per_layer_config, without global_head_dim /
+    num_global_key_value_heads (lab/models/build_models.py build_tiny_gemma4 checks
+    that this is what it writes)."""
+    cfg = {k: v for k, v in cfg.items()
+           if k not in ("global_head_dim", "num_global_key_value_heads")}
+    cfg["per_layer_config"] = {"5": {"head_dim": 64, "num_key_value_heads": 1}}
+    return cfg
+
+
+def test_per_layer_config_read_as_vllm_reads_it():
+    """vLLM 0.32.0 logged 34,663 tokens / 8.46x for the tiny-gemma4 folder saved in
+    transformers 5.24's layout too (2026-12-05, helper run, docs/tuning.md); the tuner
+    used to take global_head_dim's default 512 and the sliding layers' 4 KV heads for
+    the full layer there (5,577 tokens / 1.36x)."""
+    cfg = _saved_by_transformers_5_24(TINY_GEMMA4_CONFIG)
+    desc = m.describe_config(cfg, TINY_GEMMA4_WEIGHTS_BYTES)
+    assert desc["kind_heads"] == {"sliding": {"num_kv_heads": 4, "head_size": 32},
+                                  "full": {"num_kv_heads": 1, "head_size": 64}}
+    max_model_len, kv_bytes, _, logged = TINY_GEMMA4_CASES[0]
+    p = t.plan(desc, [], kv_cache_memory_bytes=kv_bytes, max_model_len=max_model_len,
+               dtype="bfloat16")["prediction"]
+    log = t.parse_kv_cache_log(logged)
+    assert (p["kv_cache_tokens"], p["max_concurrency"]) == \
+        (log["kv_cache_tokens"], log["max_concurrency"]) == (34663, 8.46)
+    # control: per_layer_config ignored, the class defaults give the old 5,577
+    cfg.pop("per_layer_config")
+    p = t.plan(m.describe_config(cfg, TINY_GEMMA4_WEIGHTS_BYTES), [],
+               kv_cache_memory_bytes=kv_bytes, max_model_len=max_model_len,
+               dtype="bfloat16")["prediction"]
+    assert (p["kv_cache_tokens"], p["max_concurrency"]) == (5577, 1.36)
+
+
+@pytest.mark.parametrize("per_layer, error, match", [
+    ({"5": {"sliding_window": 128}}, m.UnsupportedModelError,
+     r"per_layer_config\['5'\] overrides sliding_window"),
+    ({"0": {"head_dim": 64}}, m.UnsupportedModelError,
+     "gives sliding layers different KV heads or head sizes"),
+    ({"6": {"head_dim": 64}}, m.ModelError, "layer index below 6"),
+    ({"5": {"num_key_value_heads": 3}}, m.ModelError, "does not divide"),
+    ([64], m.ModelError, "must map layer indices"),
+])
+def test_per_layer_config_it_cannot_read_is_refused(per_layer, error, match):
+    cfg = dict(TINY_GEMMA4_CONFIG, per_layer_config=per_layer)
+    with pytest.raises(error, match=match):
+        m.describe_config(cfg, TINY_GEMMA4_WEIGHTS_BYTES)
+
+
+def test_per_layer_config_of_another_family_is_refused_by_the_field():
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+           "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+           "hidden_size": 512, "max_position_embeddings": 4096,
+           "per_layer_config": {"3": {"num_key_value_heads": 1}}}
+    with pytest.raises(m.UnsupportedModelError, match="^per_layer_config is set"):
+        m.describe_config(cfg, weights_bytes=1)
