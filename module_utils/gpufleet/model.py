@@ -171,6 +171,16 @@ KNOWN_MODEL_TYPES = {
     # config.json and checked against vLLM 0.32.0's kv_cache_utils
     # (tests/differential/gemma4_vllm.py).
     "gemma4_text",
+    # Slice i (tests/unit/test_model_families_more_i.py), read in vLLM 0.32.0.
+    # SmolLM3 (SmolLM3ForCausalLM, registry.py:727: the Transformers backend):
+    # transformers/base.py:612-676 builds one Attention per layer, of the engine's
+    # head_dim or hidden_size // heads (:633) and num_key_value_heads (:668), with a
+    # window only for the layers that layer_types calls sliding (:674-676). SmolLM3Config (transformers 5.19
+    # configuration_smollm3.py:87-113) writes layer_types when the file has none:
+    # sliding only for the NoPE layers (no_rope_layers 0), and only when
+    # use_sliding_window (default false) and sliding_window are set; NoPE itself
+    # changes the rotary embedding, not the cache. Tested on SmolLM3-3B's config.json.
+    "smollm3",
 } | ENCODER_ONLY_MODEL_TYPES
 # Families whose full-attention layers have their own head size and KV head count.
 # Gemma 4: vLLM 0.32.0 gemma4.py:577-587 builds each layer's Attention from
@@ -237,6 +247,11 @@ CONFIG_DEFAULTS.update({
                     "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
                     "max_position_embeddings": 131072, "sliding_window": 512,
                     "attention_k_eq_v": False},
+
+    # transformers 5.19 SmolLM3Config (configuration_smollm3.py:87): no window unless
+    # use_sliding_window, whose default is false (the tuner's generic rule reads a
+    # missing use_sliding_window as true).
+    "smollm3": {"use_sliding_window": False},
 })
 # The same config classes' defaults for a multimodal wrapper's text_config, which the
 # wrapper's config class builds with CONFIG_MAPPING[model_type](**text_config)
@@ -286,6 +301,11 @@ LAYER_PATTERN_DEFAULTS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_p
                           "cohere2": ("sliding_window_pattern", 4),
                           # configuration_gemma4.py:190-195: 5:1, not read from the file
                           "gemma4_text": (None, 6)}
+# model_types whose config class writes a mixed layer_types from other fields when
+# config.json has none, by a rule the tuner does not derive: such a file that slides
+# is refused until it names its layer_types. SmolLM3: the NoPE layers of
+# no_rope_layers slide, the RoPE layers stay full (configuration_smollm3.py:101-113).
+LAYER_TYPES_NEEDED_MODEL_TYPES = ("smollm3",)
 # Files that mark a sentence-transformers (embedding) checkpoint.
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json",
                                "sentence_bert_config.json")
@@ -680,7 +700,8 @@ def _layer_kinds(cfg, num_layers, model_type):
     # false); vLLM then treats every layer as full attention.
     if window and cfg.get("use_sliding_window", True) and model_type not in (
             "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
-        if cfg.get("sliding_window_pattern"):
+        if cfg.get("sliding_window_pattern") or \
+                model_type in LAYER_TYPES_NEEDED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{model_type} interleaves sliding and full layers but this config.json "
                 "has no layer_types list; gpufleet needs layer_types to know which "
