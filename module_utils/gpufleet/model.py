@@ -44,7 +44,9 @@ SAFETENSORS_TO_TORCH = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 # The one generative name in vLLM 0.32.0's `_TEXT_GENERATION_MODELS` without such an
 # ending (registry.py:82): ChatGLM / GLM-4 checkpoints name `ChatGLMModel`.
-GENERATIVE_ARCHITECTURES = {"ChatGLMModel"}
+GENERATIVE_ARCHITECTURES = {"ChatGLMModel",
+                            # _MULTIMODAL_MODELS (registry.py:440): InternVL 2.5 / 3
+                            "InternVLChatModel"}
 # Endings of natively pooling architectures (registry `_EMBEDDING_MODELS`,
 # `_CROSS_ENCODER_MODELS`): BertModel, XLMRobertaModel, ...ForSequenceClassification.
 POOLING_SUFFIXES = ("Model", "ForSequenceClassification", "ForTokenClassification",
@@ -181,6 +183,8 @@ KNOWN_MODEL_TYPES = {
     # use_sliding_window (default false) and sliding_window are set; NoPE itself
     # changes the rotary embedding, not the cache. Tested on SmolLM3-3B's config.json.
     "smollm3",
+    # InternVL 2.5 / 3 (InternVLChatModel) needs no entry: its llm_config is qwen2 (or
+    # llama), read as the text config (TEXT_CONFIG_KEYS).
 } | ENCODER_ONLY_MODEL_TYPES
 # Families whose full-attention layers have their own head size and KV head count.
 # Gemma 4: vLLM 0.32.0 gemma4.py:577-587 builds each layer's Attention from
@@ -199,7 +203,14 @@ PER_KIND_HEAD_MODEL_TYPES = {"gemma4_text"}
 # (HFConfigParser.parse: "Failed to load the model config ... consider setting
 # trust_remote_code"), which runs that repository's Python. EXAONE 3.x, InternLM2 and
 # GTE-new (NewModel); ChatGLM's and Kimi-K2's classes are in vLLM's registry.
-REMOTE_CONFIG_MODEL_TYPES = {"exaone", "internlm2", "new"}
+REMOTE_CONFIG_MODEL_TYPES = {"exaone", "internlm2", "new",
+                             # InternVL 2.5 / 3's wrapper (InternVLChatConfig): only
+                             # transformers' own "internvl" has a class, and vLLM only
+                             # a loading option (config.py:156-157)
+                             "internvl_chat"}
+# Where a multimodal wrapper's config.json keeps its language model's config, in the
+# order describe_config looks.
+TEXT_CONFIG_KEYS = ("text_config", "llm_config")
 # vLLM 0.32.0 commandr.py:237-244: "cohere swa layer sees [pos - sliding_window, pos],
 # i.e. sliding_window + 1 tokens", so Cohere2's sliding layers are built with a window
 # of sliding_window + 1, which the KV cache spec and its eviction then use.
@@ -755,8 +766,10 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     """
     if not isinstance(cfg, dict):
         raise ModelError("model_config must be a mapping (the content of config.json)")
-    # Multimodal wrappers keep the language model's fields in text_config.
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    # Multimodal wrappers keep the language model's fields in text_config, or in
+    # llm_config (InternVL), which vLLM 0.32.0 reads as text_config when there is none
+    # (transformers_utils/config.py:152-154 _CONFIG_ATTRS_MAPPING, :744-750, :421).
+    text = next((cfg[k] for k in TEXT_CONFIG_KEYS if isinstance(cfg.get(k), dict)), cfg)
     architectures = list(cfg.get("architectures") or [])
     model_type = str(text.get("model_type") or cfg.get("model_type") or "")
     if not architectures and not model_type:
@@ -965,7 +978,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "quantization": _quantization(cfg, source),
         # the checkpoint's own config class vLLM must run (--trust-remote-code), or None
         "remote_config_class": (cfg.get("auto_map") or {}).get("AutoConfig") or model_type
-        if model_type in REMOTE_CONFIG_MODEL_TYPES else None,
+        if {model_type, str(cfg.get("model_type") or "")} & REMOTE_CONFIG_MODEL_TYPES
+        else None,
         "deepseek_v4": v4,
         "weights_bytes": weights_bytes,
         "weights_source": weights_source,

@@ -11,12 +11,13 @@ element bytes (check_kv_bytes), vllm/v1/kv_cache_interface.py.
 """
 import pytest
 
-from test_model_families import kinds, load
+from test_model_families import check_kv_bytes, kinds, load
 from test_model_families_more_c import check_full_decoder
 from gpufleet import model as m
 from gpufleet import tune as t
 
 FULL, SLIDING = m.FULL_LAYER, m.SLIDING_LAYER
+GiB = 1 << 30
 
 
 def test_smollm3_3b_is_gqa_full_attention_nope_layers_keep_their_cache():
@@ -113,3 +114,50 @@ def test_qwen3_next_refused_by_full_attention_interval():
                        "linear_attention"):
         m.describe_config(dict(cfg, layer_types=written), weights_bytes=1,
                           allow_unknown_architecture=True)
+
+
+def test_internvl3_8b_language_model_is_read_from_llm_config(monkeypatch):
+    # OpenGVLab/InternVL3-8B (InternVLChatModel, model_type internvl_chat; registry.py:440
+    # in _MULTIMODAL_MODELS: a generative model although its name ends in "Model"). Its
+    # config class is the checkpoint's own (auto_map InternVLChatConfig, which builds
+    # llm_config with Qwen2Config(**llm_config) for Qwen2ForCausalLM); vLLM 0.32.0 loads
+    # it only with trust_remote_code (transformers_utils/config.py:398-419) and then
+    # copies llm_config to text_config (:152-154, :421, :744-750), the text config the
+    # engine reads (get_hf_text_config, :1195-1209). internvl.py:617-621 builds the
+    # language model from config.text_config: Qwen2ForCausalLM, qwen2.py:150 head_dim =
+    # hidden_size // heads = 3584 // 28 = 128, :269 num_kv_heads = num_key_value_heads 4,
+    # :196-205 Attention without a per-layer window, :380 make_layers(28). No window:
+    # use_sliding_window false, sliding_window null. Context (config/model.py:2142-2143
+    # on hf_text_config, :2584-2616): max_position_embeddings 32,768 x the dynamic rope
+    # factor 2 = 65,536.
+    cfg = load("internvl3-8b")
+    assert cfg["model_type"] == "internvl_chat" and "text_config" not in cfg
+    llm = cfg["llm_config"]
+    assert (llm["model_type"], llm["architectures"]) == ("qwen2", ["Qwen2ForCausalLM"])
+    desc = m.describe_config(cfg, weights_bytes=1)
+    assert desc["architectures"] == ["InternVLChatModel"] and desc["model_type"] == "qwen2"
+    assert desc["known_architecture"] is True and desc["kind"] == "generative"
+    assert (desc["num_layers"], desc["num_kv_heads"], desc["head_size"]) == (28, 4, 128)
+    assert kinds(desc) == {"full": 28} and desc["sliding_window"] is None
+    assert desc["attention"] == "gqa" and desc["torch_dtype"] == "bfloat16"
+    assert desc["max_position_embeddings"] == 32768 and t.model_max_len(desc) == 65536
+    # 2 x 4 x 128 x 2 = 2,048 bytes per token per layer
+    check_kv_bytes(desc, 28, 4, 128)
+    # the checkpoint's config class needs --trust-remote-code, which gpufleet never adds
+    assert desc["remote_config_class"] == "configuration_internvl_chat.InternVLChatConfig"
+    with pytest.raises(t.TuneError, match="only with --trust-remote-code"):
+        t.plan(desc, [], kv_cache_memory_bytes=GiB, max_model_len=512)
+    assert "--trust-remote-code" in t.plan(desc, [], kv_cache_memory_bytes=GiB,
+                                           max_model_len=512,
+                                           extra_args=["--trust-remote-code"])["args"]
+    # controls: without InternVLChatModel among the generative names the "Model" ending
+    # makes it a pooling model; without internvl_chat among the remote config types no
+    # --trust-remote-code is asked; without llm_config among the text config keys the
+    # top level has no layer count
+    monkeypatch.setattr(m, "GENERATIVE_ARCHITECTURES", {"ChatGLMModel"})
+    assert m.describe_config(cfg, weights_bytes=1)["kind"] == "pooling"
+    monkeypatch.setattr(m, "REMOTE_CONFIG_MODEL_TYPES", {"exaone", "internlm2", "new"})
+    assert m.describe_config(cfg, weights_bytes=1)["remote_config_class"] is None
+    monkeypatch.setattr(m, "TEXT_CONFIG_KEYS", ("text_config",))
+    with pytest.raises(m.ModelError, match="num_hidden_layers"):
+        m.describe_config(cfg, weights_bytes=1)
