@@ -44,7 +44,9 @@ SAFETENSORS_TO_TORCH = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 # The one generative name in vLLM 0.32.0's `_TEXT_GENERATION_MODELS` without such an
 # ending (registry.py:82): ChatGLM / GLM-4 checkpoints name `ChatGLMModel`.
-GENERATIVE_ARCHITECTURES = {"ChatGLMModel"}
+GENERATIVE_ARCHITECTURES = {"ChatGLMModel",
+                            # _MULTIMODAL_MODELS (registry.py:440): InternVL 2.5 / 3
+                            "InternVLChatModel"}
 # Endings of natively pooling architectures (registry `_EMBEDDING_MODELS`,
 # `_CROSS_ENCODER_MODELS`): BertModel, XLMRobertaModel, ...ForSequenceClassification.
 POOLING_SUFFIXES = ("Model", "ForSequenceClassification", "ForTokenClassification",
@@ -171,6 +173,18 @@ KNOWN_MODEL_TYPES = {
     # config.json and checked against vLLM 0.32.0's kv_cache_utils
     # (tests/differential/gemma4_vllm.py).
     "gemma4_text",
+    # Slice i (tests/unit/test_model_families_more_i.py), read in vLLM 0.32.0.
+    # SmolLM3 (SmolLM3ForCausalLM, registry.py:727: the Transformers backend):
+    # transformers/base.py:612-676 builds one Attention per layer, of the engine's
+    # head_dim or hidden_size // heads (:633) and num_key_value_heads (:668), with a
+    # window only for the layers that layer_types calls sliding (:674-676). SmolLM3Config (transformers 5.19
+    # configuration_smollm3.py:87-113) writes layer_types when the file has none:
+    # sliding only for the NoPE layers (no_rope_layers 0), and only when
+    # use_sliding_window (default false) and sliding_window are set; NoPE itself
+    # changes the rotary embedding, not the cache. Tested on SmolLM3-3B's config.json.
+    "smollm3",
+    # InternVL 2.5 / 3 (InternVLChatModel) needs no entry: its llm_config is qwen2 (or
+    # llama), read as the text config (TEXT_CONFIG_KEYS).
 } | ENCODER_ONLY_MODEL_TYPES
 # Families whose full-attention layers have their own head size and KV head count.
 # Gemma 4: vLLM 0.32.0 gemma4.py:577-587 builds each layer's Attention from
@@ -189,7 +203,14 @@ PER_KIND_HEAD_MODEL_TYPES = {"gemma4_text"}
 # (HFConfigParser.parse: "Failed to load the model config ... consider setting
 # trust_remote_code"), which runs that repository's Python. EXAONE 3.x, InternLM2 and
 # GTE-new (NewModel); ChatGLM's and Kimi-K2's classes are in vLLM's registry.
-REMOTE_CONFIG_MODEL_TYPES = {"exaone", "internlm2", "new"}
+REMOTE_CONFIG_MODEL_TYPES = {"exaone", "internlm2", "new",
+                             # InternVL 2.5 / 3's wrapper (InternVLChatConfig): only
+                             # transformers' own "internvl" has a class, and vLLM only
+                             # a loading option (config.py:156-157)
+                             "internvl_chat"}
+# Where a multimodal wrapper's config.json keeps its language model's config, in the
+# order describe_config looks.
+TEXT_CONFIG_KEYS = ("text_config", "llm_config")
 # vLLM 0.32.0 commandr.py:237-244: "cohere swa layer sees [pos - sliding_window, pos],
 # i.e. sliding_window + 1 tokens", so Cohere2's sliding layers are built with a window
 # of sliding_window + 1, which the KV cache spec and its eviction then use.
@@ -237,6 +258,11 @@ CONFIG_DEFAULTS.update({
                     "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
                     "max_position_embeddings": 131072, "sliding_window": 512,
                     "attention_k_eq_v": False},
+
+    # transformers 5.19 SmolLM3Config (configuration_smollm3.py:87): no window unless
+    # use_sliding_window, whose default is false (the tuner's generic rule reads a
+    # missing use_sliding_window as true).
+    "smollm3": {"use_sliding_window": False},
 })
 # The same config classes' defaults for a multimodal wrapper's text_config, which the
 # wrapper's config class builds with CONFIG_MAPPING[model_type](**text_config)
@@ -286,6 +312,11 @@ LAYER_PATTERN_DEFAULTS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_p
                           "cohere2": ("sliding_window_pattern", 4),
                           # configuration_gemma4.py:190-195: 5:1, not read from the file
                           "gemma4_text": (None, 6)}
+# model_types whose config class writes a mixed layer_types from other fields when
+# config.json has none, by a rule the tuner does not derive: such a file that slides
+# is refused until it names its layer_types. SmolLM3: the NoPE layers of
+# no_rope_layers slide, the RoPE layers stay full (configuration_smollm3.py:101-113).
+LAYER_TYPES_NEEDED_MODEL_TYPES = ("smollm3",)
 # Files that mark a sentence-transformers (embedding) checkpoint.
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json",
                                "sentence_bert_config.json")
@@ -690,7 +721,8 @@ def _layer_kinds(cfg, num_layers, model_type):
     # false); vLLM then treats every layer as full attention.
     if window and cfg.get("use_sliding_window", True) and model_type not in (
             "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
-        if cfg.get("sliding_window_pattern"):
+        if cfg.get("sliding_window_pattern") or \
+                model_type in LAYER_TYPES_NEEDED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{model_type} interleaves sliding and full layers but this config.json "
                 "has no layer_types list; gpufleet needs layer_types to know which "
@@ -744,8 +776,10 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     """
     if not isinstance(cfg, dict):
         raise ModelError("model_config must be a mapping (the content of config.json)")
-    # Multimodal wrappers keep the language model's fields in text_config.
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    # Multimodal wrappers keep the language model's fields in text_config, or in
+    # llm_config (InternVL), which vLLM 0.32.0 reads as text_config when there is none
+    # (transformers_utils/config.py:152-154 _CONFIG_ATTRS_MAPPING, :744-750, :421).
+    text = next((cfg[k] for k in TEXT_CONFIG_KEYS if isinstance(cfg.get(k), dict)), cfg)
     architectures = list(cfg.get("architectures") or [])
     model_type = str(text.get("model_type") or cfg.get("model_type") or "")
     if not architectures and not model_type:
@@ -954,7 +988,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "quantization": _quantization(cfg, source),
         # the checkpoint's own config class vLLM must run (--trust-remote-code), or None
         "remote_config_class": (cfg.get("auto_map") or {}).get("AutoConfig") or model_type
-        if model_type in REMOTE_CONFIG_MODEL_TYPES else None,
+        if {model_type, str(cfg.get("model_type") or "")} & REMOTE_CONFIG_MODEL_TYPES
+        else None,
         "deepseek_v4": v4,
         "weights_bytes": weights_bytes,
         "weights_source": weights_source,

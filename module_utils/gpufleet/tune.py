@@ -829,8 +829,8 @@ def _check_remote_config(model, extra_args, reasons):
         return
     if "--trust-remote-code" not in extra_args:
         raise TuneError(
-            f"model_type {model['model_type']!r} has no config class in transformers or "
-            f"vLLM: its config.json names the repository's own ({remote}), which vLLM "
+            f"config.json names a config class that neither transformers nor vLLM has, "
+            f"the repository's own ({remote}), which vLLM "
             "loads only with --trust-remote-code, running that repository's Python "
             "(otherwise it stops with 'Failed to load the model config'). If you trust "
             "the repository, pin its revision and add --trust-remote-code to extra_args.")
