@@ -177,8 +177,9 @@ KNOWN_MODEL_TYPES = {
     # SmolLM3 (SmolLM3ForCausalLM, registry.py:727: the Transformers backend):
     # transformers/base.py:612-676 builds one Attention per layer, of the engine's
     # head_dim or hidden_size // heads (:633) and num_key_value_heads (:668), with a
-    # window only for the layers that layer_types calls sliding (:674-676). SmolLM3Config (transformers 5.19
-    # configuration_smollm3.py:87-113) writes layer_types when the file has none:
+    # window only for the layers that layer_types calls sliding (:674-676).
+    # SmolLM3Config (transformers 5.19 configuration_smollm3.py:87-113) writes
+    # layer_types when the file has none:
     # sliding only for the NoPE layers (no_rope_layers 0), and only when
     # use_sliding_window (default false) and sliding_window are set; NoPE itself
     # changes the rotary embedding, not the cache. Tested on SmolLM3-3B's config.json.
@@ -258,7 +259,6 @@ CONFIG_DEFAULTS.update({
                     "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
                     "max_position_embeddings": 131072, "sliding_window": 512,
                     "attention_k_eq_v": False},
-
     # transformers 5.19 SmolLM3Config (configuration_smollm3.py:87): no window unless
     # use_sliding_window, whose default is false (the tuner's generic rule reads a
     # missing use_sliding_window as true).
