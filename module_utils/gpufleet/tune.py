@@ -336,39 +336,36 @@ def _unified_page_layout(model, counts, kind_bytes, block_size, async_sched):
             "kind_page_bytes": pages}
 
 
+def _group_blocks(group, in_flight, model_len=None):
+    """Blocks one request holds in one KV cache group (get_max_concurrency_for_kv_cache_
+    config): FullAttentionSpec cdiv(len, block); SlidingWindowSpec.
+    max_admission_blocks_per_request cdiv(min(window - 1 + in-flight tokens, len),
+    block) + 1. model_len None: a request past the window (sliding groups only)."""
+    if group["kind"] != "sliding":
+        return math.ceil(model_len / group["block_size"])
+    tokens = group["sliding_window"] - 1 + in_flight
+    if model_len is not None:
+        tokens = min(tokens, model_len)
+    return math.ceil(tokens / group["block_size"]) + 1
+
+
 def fixed_blocks_per_request(layout, in_flight):
     """The blocks a request holds whatever its length, once it passes window +
     in-flight tokens: its sliding-window groups' (and DeepSeek-V4's compressor-state
     groups'). Layouts with "kv_cache_groups" only."""
-    return sum(math.ceil((g["sliding_window"] - 1 + in_flight) / g["block_size"]) + 1
-               for g in layout["kv_cache_groups"] if g["kind"] == "sliding")
+    return sum(_group_blocks(g, in_flight) for g in layout["kv_cache_groups"]
+               if g["kind"] == "sliding")
 
 
 def _blocks_per_request(layout, model_len, max_num_batched_tokens):
     """Blocks one request of model_len tokens holds, summed over groups
-    (get_max_concurrency_for_kv_cache_config: FullAttentionSpec cdiv(len, block);
-    SlidingWindowSpec.max_admission_blocks_per_request cdiv(min(window - 1 +
-    in-flight tokens, len), block) + 1), each group at its own block size when the
-    layout lists them ("kv_cache_groups")."""
+    (_group_blocks), each group at its own block size when the layout lists them
+    ("kv_cache_groups"), else at the layout's."""
     in_flight = in_flight_tokens(layout, max_num_batched_tokens)
-    if "kv_cache_groups" in layout:
-        total = 0
-        for group in layout["kv_cache_groups"]:
-            if group["kind"] == "sliding":
-                tokens = min(group["sliding_window"] - 1 + in_flight, model_len)
-                total += math.ceil(tokens / group["block_size"]) + 1
-            else:
-                total += math.ceil(model_len / group["block_size"])
-        return total
-    bs = layout["block_size"]
-    total = 0
-    for kind in layout["groups"]:
-        if kind == "sliding":
-            tokens = min(layout["sliding_window"] - 1 + in_flight, model_len)
-            total += math.ceil(tokens / bs) + 1
-        else:
-            total += math.ceil(model_len / bs)
-    return total
+    groups = layout.get("kv_cache_groups") or [
+        {"kind": kind, "block_size": layout["block_size"],
+         "sliding_window": layout["sliding_window"]} for kind in layout["groups"]]
+    return sum(_group_blocks(g, in_flight, model_len) for g in groups)
 
 
 def kv_tokens_from_bytes(layout, kv_cache_bytes):
