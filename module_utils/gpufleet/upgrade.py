@@ -21,7 +21,7 @@ import time
 __all__ = [
     "RECORD_INPUTS", "UpgradeError", "build_record", "capacity_verdict", "driver_change",
     "idle_counts", "parse_metrics", "percentile", "plan_batches", "probe_summary",
-    "probe_verdict", "rollback_vars", "run_probe", "soak_verdict", "wait_idle",
+    "probe_verdict", "rollback_vars", "run_probe", "soak_verdict", "stop_message", "wait_idle",
 ]
 
 
@@ -306,6 +306,16 @@ def failure_message(result, limit=3000):
             parts.append(f"{label}: {item.get('msg', '')}")
     text = "; ".join(parts) if parts else str(result.get("msg", ""))
     return text[:int(limit)]
+
+
+def stop_message(result, host, where="unknown", limit=3000):
+    """The message a host stops the rollout with (roles/fleet_upgrade/tasks/main.yml keeps
+    it until its batch is done). The gates' own messages already say where and what
+    ("UPGRADE STOPPED at HOST ..."); any other failure is named by its task."""
+    text = failure_message(result, limit)
+    if text.startswith("UPGRADE STOPPED"):
+        return text
+    return f'UPGRADE STOPPED at {host}: "{where}" failed: {text}'
 
 
 def soak_verdict(deltas, bad_statuses, max_5xx=0, max_retries=0, max_check_failures=0):

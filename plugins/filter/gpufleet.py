@@ -128,6 +128,7 @@ class FilterModule:
             "gpufleet_capacity": _wrap(upgrade.capacity_verdict),
             "gpufleet_soak_verdict": _wrap(upgrade.soak_verdict),
             "gpufleet_failure_message": _wrap(upgrade.failure_message),
+            "gpufleet_stop_message": _wrap(upgrade.stop_message),
             "gpufleet_build_record": _wrap(upgrade.build_record),
             "gpufleet_rollback_vars": _wrap(upgrade.rollback_vars),
             "gpufleet_local_url": serve.local_url,

@@ -159,6 +159,15 @@ def test_failure_message_names_the_failed_items_of_a_loop():
     assert len(upgrade.failure_message({"msg": "x" * 5000}, limit=100)) == 100
 
 
+def test_stop_message_keeps_a_gate_message_and_names_any_other_task():
+    gate = {"msg": "UPGRADE STOPPED at h2, nothing was changed: the capacity gate refused it"}
+    assert upgrade.stop_message(gate, "h2", "Capacity gate") == gate["msg"]
+    other = {"msg": "template error while templating"}
+    assert upgrade.stop_message(other, "h3", "List what changes on this host") == (
+        'UPGRADE STOPPED at h3: "List what changes on this host" failed: template error while templating')
+    assert upgrade.stop_message(None, "h4").startswith('UPGRADE STOPPED at h4: "unknown" failed')
+
+
 def test_soak_verdict():
     quiet = {"h_1": {"hrsp_5xx": 0, "wretr": 0, "chkfail": 0}}
     assert upgrade.soak_verdict(quiet, {})["ok"]

@@ -1,0 +1,244 @@
+"""playbooks/upgrade.yml's batch mechanics with real Ansible (issue #31 item 4).
+
+The REAL playbook (its play keywords: serial from the plan, max_fail_percentage), the
+REAL fleet_upgrade role (batches, gates, change, rollback, the kept stop message) and the
+REAL filters run on local hosts. Only the role's collaborators are STAND-INS, written by
+this test into a temporary folder: the preflight, model_fetch, vllm_server and
+vllm_gateway roles and the vllm_record, vllm_probe and vllm_gateway_stats modules. Each
+stand-in appends one line per call ("HOST EVENT") to an events file, and fails where the
+inventory tells it to (a compatibility refusal, a failing probe gate). The lab tests run
+the same playbook against real vLLM and HAProxy; this file proves the control flow for
+batches of several hosts, which the lab's one-host batches never reach.
+"""
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# --- stand-ins ------------------------------------------------------------------------------
+def _log(event, name=None):
+    return {"name": name or f"Stand-in | {event}",
+            "ansible.builtin.shell": f"echo '{{{{ inventory_hostname }}}} {event}' >> {{{{ standin_events }}}}",
+            "changed_when": False}
+
+
+STANDIN_ROLES = {
+    "preflight/tasks/main.yml": [
+        _log("compat"),
+        {"name": "Stand-in | GPU facts (driver 580, the branch asked for: no driver change)",
+         "standin_gpu_facts": {}},
+        {"name": "Stand-in | Refuse where told",
+         "ansible.builtin.fail": {"msg": "driver 535 supports CUDA 12.2 only"},
+         "when": "inventory_hostname in standin_compat_refuse"},
+    ],
+    "model_fetch/tasks/main.yml": [_log("fetch")],
+    "vllm_server/tasks/plan.yml": [
+        {"name": "Stand-in | Plan",
+         "ansible.builtin.set_fact": {"__vllm_server_plan": {
+             "instances": "{{ [] if inventory_hostname in standin_serves_nothing else "
+                          "[{'name': 'chat', 'action': 'replace', 'url': 'http://' ~ inventory_hostname ~ '.invalid:8000/', "
+                          "'served_model_name': 'chat', 'runner': 'generate'}] }}",
+             "remove": []}}},
+    ],
+    "vllm_server/tasks/apply.yml": [_log("apply")],
+    "vllm_server/tasks/record.yml": [_log("record")],
+    "vllm_server/tasks/main.yml": [_log("rollback-deploy")],
+    "vllm_gateway/tasks/server_state.yml": [_log("{{ vllm_gateway_server_state }}")],
+    "vllm_gateway/tasks/main.yml": [_log("gateway-config")],
+}
+
+# The stand-in modules read the test's settings from a JSON file; the probe knows its host
+# by the URL the stand-in plan gives each host's instance.
+STANDIN_MODULE = """#!/usr/bin/python
+import json
+from ansible.module_utils.basic import AnsibleModule
+
+OPTIONS = %(options)r
+CONFIG = json.load(open(%(config)r))
+
+
+def main():
+    module = AnsibleModule(argument_spec={k: {"type": "raw"} for k in OPTIONS},
+                           supports_check_mode=True)
+    p = module.params
+%(body)s
+
+
+main()
+"""
+
+MODULES = {
+    # every server of the fleet UP, so the capacity gate lets each host go
+    "vllm_gateway_stats": (["socket", "server_host", "watch_seconds"], """
+    module.exit_json(changed=False, servers=[
+        {"backend": "chat", "server": h + "_8000", "host": h, "status": "UP"}
+        for h in CONFIG["hosts"]], host_servers=[], deltas=[], bad_statuses=[])
+"""),
+    "standin_gpu_facts": ([], """
+    module.exit_json(changed=False, ansible_facts={"gpu": {"driver_version": "580.95.05"}})
+"""),
+    "vllm_record": (["path", "state", "record"], """
+    module.exit_json(changed=False, record={
+        "version": 1, "image_ref": "vllm:old", "image_id": "sha256:01d", "driver_version": "",
+        "inputs": {"vllm_server_image": "sha256:01d", "vllm_server_vllm_version": "0.32.0",
+                   "vllm_server_models": [], "vllm_server_port": 8000},
+        "models": [], "instances": []})
+"""),
+    # the probe gate (after the change: no wait_idle) fails on the hosts the test names
+    "vllm_probe": (["url", "api_key", "served_model_name", "runner", "wait_idle", "idle_timeout",
+                    "requests", "max_tokens", "baseline", "max_latency_ratio",
+                    "max_latency_increase_ms", "max_error_rate", "attempts"], """
+    host = p["url"].split("//")[1].split(".")[0]
+    if not p["wait_idle"] and host in CONFIG["probe_fail"]:
+        module.fail_json(msg="p95 latency 900 ms against 100 ms before (9.0x, limit 2.0x)")
+    module.exit_json(changed=False, probe={"p95_ms": 100})
+"""),
+}
+
+
+def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(),
+           fraction=0.5, play_keywords=None):
+    """Write the stand-ins, the fleet's instance list and the inventory; return a
+    function that runs upgrade.yml and returns (rc, output, events)."""
+    roles = tmp_path / "roles"
+    for rel, tasks in STANDIN_ROLES.items():
+        path = roles / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(tasks, sort_keys=False))
+    library = tmp_path / "library"
+    library.mkdir()
+    config = tmp_path / "standin.json"
+    config.write_text(json.dumps({"hosts": list(hosts), "probe_fail": list(probe_fail)}))
+    for name, (options, body) in MODULES.items():
+        (library / f"{name}.py").write_text(STANDIN_MODULE % {
+            "options": options, "config": str(config), "body": body.strip("\n")})
+    instances = [{"targets": [f"{h}:8000"], "labels": {"host": h, "served_model_name": "chat"}}
+                 for h in hosts if h not in serves_nothing]
+    (tmp_path / "instances.json").write_text(json.dumps(instances))
+    events = tmp_path / "events"
+    events.touch()
+    (tmp_path / "ansible.cfg").write_text("[defaults]\n")
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"all": {
+        "vars": {"standin_events": str(events), "standin_serves_nothing": list(serves_nothing),
+                 "standin_compat_refuse": list(compat_refuse),
+                 "vllm_server_file_sd_path": str(tmp_path / "instances.json"),
+                 "vllm_server_api_key": "stand-in-key", "vllm_server_record_path": str(tmp_path / "rec"),
+                 "vllm_server_image": "sha256:01d", "vllm_server_vllm_version": "0.32.0",
+                 "vllm_server_models": [], "vllm_server_port": 8000,
+                 "fleet_upgrade_soak_seconds": 0, "fleet_upgrade_capacity_wait": 0,
+                 "fleet_upgrade_max_unavailable_fraction": fraction},
+        "children": {"gpu_hosts": {"hosts": {h: dict(local) for h in hosts}},
+                     "gateways": {"hosts": {"gw": dict(local)}}}}}
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    playbook = ROOT / "playbooks" / "upgrade.yml"
+    if play_keywords:  # a control: the same playbook with other keywords on the batch play
+        plays = yaml.safe_load(playbook.read_text())
+        plays[1].update(play_keywords)
+        playbook = ROOT / "playbooks" / "upgrade-control.yml"
+        playbook_text = yaml.safe_dump(plays, sort_keys=False)
+    else:
+        playbook_text = None
+
+    def run():
+        env = dict(os.environ, ANSIBLE_ROLES_PATH=f"{roles}:{ROOT / 'roles'}",
+                   ANSIBLE_LIBRARY=str(library), ANSIBLE_MODULE_UTILS=str(ROOT / "module_utils"),
+                   ANSIBLE_FILTER_PLUGINS=str(ROOT / "plugins" / "filter"),
+                   ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOWS="1",
+                   ANSIBLE_GATHERING="explicit", ANSIBLE_FORKS="10",
+                   ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"))
+        target = playbook
+        if playbook_text is not None:  # next to the real one, so its relative paths hold
+            target.write_text(playbook_text)
+        try:
+            proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i",
+                                   str(tmp_path / "inventory.yml"), str(target)],
+                                  capture_output=True, text=True, env=env, timeout=300)
+        finally:
+            if playbook_text is not None:
+                target.unlink()
+        lines = [tuple(line.split(" ", 1)) for line in events.read_text().splitlines()]
+        return proc.returncode, proc.stdout + proc.stderr, lines
+    return run
+
+
+def _recap(output):
+    return {m.group(1): int(m.group(2)) for m in
+            re.finditer(r"^(\S+)\s+:\s+ok=\d+.*?failed=(\d+)", output, re.M)}
+
+
+def _of(events, host):
+    return [e for h, e in events if h == host]
+
+
+HOSTS = ["h1", "h2", "h3", "h4", "h5"]
+
+
+def _check_gate_failure_in_a_two_host_batch(rc, out, events):
+    """h2's probe gate fails in the batch [h2, h3]: h2 rolled back and back in service,
+    h3 finished and back in service, the later batch untouched, the stop message printed,
+    exit 2 and a recap that says which host failed."""
+    assert "1. h1 (canary); 2. h2, h3; 3. h4, h5" in out, out
+    assert _of(events, "h1") == ["compat", "disabled", "apply", "enabled", "record"], events
+    assert _of(events, "h2") == ["compat", "disabled", "apply", "rollback-deploy", "enabled"], events
+    assert _of(events, "h3") == ["compat", "disabled", "apply", "enabled", "record"], events
+    assert _of(events, "h4") == [] and _of(events, "h5") == [], events
+    assert 'UPGRADE STOPPED at h2: the gate "Probe gate (after, compared with before)" failed' in out, out
+    assert "p95 latency 900 ms" in out
+    assert "rolled back to its last good state" in out
+    assert rc == 2, out
+    # h4 and h5 only planned (the first play); the gateway play did not run
+    assert _recap(out) == {"h1": 0, "h2": 1, "h3": 0, "h4": 0, "h5": 0}, out
+
+
+def test_a_gate_failure_in_a_two_host_batch_rolls_back_that_host_and_finishes_the_other(tmp_path):
+    run = _fleet(tmp_path, HOSTS, probe_fail=["h2"])
+    _check_gate_failure_in_a_two_host_batch(*run())
+
+
+def test_control_the_old_play_keywords_strand_the_batch(tmp_path):
+    """Control: upgrade.yml's former any_errors_fatal fails the check above (h2's rollback
+    is cut short and h3 is failed into its own rescue or out of the play)."""
+    run = _fleet(tmp_path, HOSTS, probe_fail=["h2"], play_keywords={"any_errors_fatal": True})
+    rc, out, events = run()
+    with pytest.raises(AssertionError):
+        _check_gate_failure_in_a_two_host_batch(rc, out, events)
+    # what the old shape did: h2 was never re-enabled, or h3 was never recorded
+    assert "enabled" not in _of(events, "h2") or "record" not in _of(events, "h3"), events
+
+
+def _check_refused_idle_host_shares_a_batch(rc, out, events):
+    """h4 serves nothing and the compatibility gate refuses it, in a batch with serving
+    hosts: it is left out, said so, and the others of its batch roll on; exit 0."""
+    batch = re.search(r"\d+\. ([^;]*h4[^;]*)", out)
+    assert batch and len(batch.group(1).split(", ")) >= 2, out
+    assert "h4 serves nothing and the compatibility gate refused it" in out, out
+    assert _of(events, "h4") == ["compat"], events
+    for host in ("h1", "h2", "h3"):
+        assert _of(events, host)[-2:] == ["enabled", "record"], (host, events)
+    assert "UPGRADE STOPPED" not in out, out
+    assert rc == 0, out
+
+
+def test_a_refused_host_serving_nothing_shares_a_batch_with_serving_ones(tmp_path):
+    run = _fleet(tmp_path, HOSTS[:4], serves_nothing=["h4"], compat_refuse=["h4"], fraction=1.0)
+    _check_refused_idle_host_shares_a_batch(*run())
+
+
+def test_control_the_old_play_keywords_stop_the_compatible_hosts(tmp_path):
+    """Control: with any_errors_fatal the compatible hosts of h4's batch were stopped with
+    the compatibility message and an empty reason (the README run of issue #31)."""
+    run = _fleet(tmp_path, HOSTS[:4], serves_nothing=["h4"], compat_refuse=["h4"], fraction=1.0,
+                 play_keywords={"any_errors_fatal": True})
+    rc, out, events = run()
+    with pytest.raises(AssertionError):
+        _check_refused_idle_host_shares_a_batch(rc, out, events)
+    assert rc != 0
