@@ -30,7 +30,7 @@ class UpgradeError(ValueError):
 
 
 # ----------------------------------------------------------------- batches
-def plan_batches(host_models, canary=1, max_fraction=0.5, batch_size=0):
+def plan_batches(host_models, canary=1, max_fraction=0.5, batch_size=0, first=()):
     """Hosts in the order they are upgraded, cut into batches.
 
     host_models: {host: [served model names it serves]}, in inventory order (hosts that
@@ -41,6 +41,8 @@ def plan_batches(host_models, canary=1, max_fraction=0.5, batch_size=0):
       still upgraded (that host alone in its batch), which the capacity gate then
       refuses unless downtime is allowed.
     batch_size: most hosts in one later batch (0: no limit besides max_fraction).
+    first: hosts a rollout left mid-change (rollout_state "held"): they come first, so a
+      rerun resumes them (and puts them back in service) before it changes another host.
     Returns {"batches": [[host, ...], ...], "sizes": [len, ...]} (sizes feed `serial`).
     """
     if isinstance(canary, bool) or not isinstance(canary, int) or canary < 1:
@@ -59,7 +61,7 @@ def plan_batches(host_models, canary=1, max_fraction=0.5, batch_size=0):
         for model in set(models):
             counts[model] = counts.get(model, 0) + 1
     allowed = {m: max(1, math.floor(n * fraction)) for m, n in counts.items()}
-    pending = list(host_models)
+    pending = [h for h in host_models if h in first] + [h for h in host_models if h not in first]
     batches = []
     while pending:
         limit = canary if not batches else (batch_size or len(pending))

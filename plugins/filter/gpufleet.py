@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from gpufleet import serve, tune, upgrade  # noqa: E402  (the repository's module_utils)
+from gpufleet import rollout, serve, tune, upgrade  # noqa: E402  (the repository's module_utils)
 
 
 def _wrap(func):
@@ -129,6 +129,9 @@ class FilterModule:
             "gpufleet_soak_verdict": _wrap(upgrade.soak_verdict),
             "gpufleet_failure_message": _wrap(upgrade.failure_message),
             "gpufleet_stop_message": _wrap(upgrade.stop_message),
+            "gpufleet_held_hosts": _wrap(rollout.held_hosts),
+            "gpufleet_held_messages": _wrap(rollout.held_messages),
+            "gpufleet_held_message": _wrap(rollout.held_message),
             "gpufleet_build_record": _wrap(upgrade.build_record),
             "gpufleet_rollback_vars": _wrap(upgrade.rollback_vars),
             "gpufleet_local_url": serve.local_url,

@@ -159,6 +159,13 @@ def test_failure_message_names_the_failed_items_of_a_loop():
     assert len(upgrade.failure_message({"msg": "x" * 5000}, limit=100)) == 100
 
 
+def test_hosts_a_rollout_left_mid_change_come_first():
+    hosts = {"a": ["m"], "b": ["m"], "c": ["m"], "d": ["m"]}
+    assert upgrade.plan_batches(hosts)["batches"] == [["a"], ["b", "c"], ["d"]]
+    assert upgrade.plan_batches(hosts, first=["c"])["batches"] == [["c"], ["a", "b"], ["d"]]
+    assert upgrade.plan_batches(hosts, first=["d", "b"])["batches"] == [["b"], ["d", "a"], ["c"]]
+
+
 def test_stop_message_keeps_a_gate_message_and_names_any_other_task():
     gate = {"msg": "UPGRADE STOPPED at h2, nothing was changed: the capacity gate refused it"}
     assert upgrade.stop_message(gate, "h2", "Capacity gate") == gate["msg"]

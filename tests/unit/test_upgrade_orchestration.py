@@ -44,14 +44,21 @@ STANDIN_ROLES = {
         {"name": "Stand-in | Plan",
          "ansible.builtin.set_fact": {"__vllm_server_plan": {
              "instances": "{{ [] if inventory_hostname in standin_serves_nothing else "
-                          "[{'name': 'chat', 'action': 'replace', 'url': 'http://' ~ inventory_hostname ~ '.invalid:8000/', "
+                          "[{'name': 'chat', 'action': 'keep' if inventory_hostname in standin_keep else 'replace', 'url': 'http://' ~ inventory_hostname ~ '.invalid:8000/', "
                           "'served_model_name': 'chat', 'runner': 'generate'}] }}",
              "remove": []}}},
     ],
     "vllm_server/tasks/apply.yml": [_log("apply")],
     "vllm_server/tasks/record.yml": [_log("record")],
     "vllm_server/tasks/main.yml": [_log("rollback-deploy")],
-    "vllm_gateway/tasks/server_state.yml": [_log("{{ vllm_gateway_server_state }}")],
+    "vllm_gateway/tasks/server_state.yml": [
+        _log("{{ vllm_gateway_server_state }}"),
+        # the controller dies (SIGKILL) right after this host's drain, where the test says
+        {"name": "Stand-in | Kill the controller",
+         "ansible.builtin.shell": "kill -KILL $(cat {{ standin_kill_pidfile }})",
+         "changed_when": False,
+         "when": "inventory_hostname ~ ' ' ~ vllm_gateway_server_state == standin_kill_at"},
+    ],
     "vllm_gateway/tasks/main.yml": [_log("gateway-config")],
 }
 
@@ -104,10 +111,12 @@ MODULES = {
 }
 
 
-def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(),
-           fraction=0.5, play_keywords=None):
+def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), keep=(),
+           fraction=0.5, play_keywords=None, kill_at=""):
     """Write the stand-ins, the fleet's instance list and the inventory; return a
-    function that runs upgrade.yml and returns (rc, output, events)."""
+    function that runs upgrade.yml (extra arguments are ansible-playbook's) and returns
+    (rc, output, events). The rollout state and lock are real (library/rollout_state.py,
+    rollout_lock.py) under tmp_path: state/<host>.json and rollout.lock."""
     roles = tmp_path / "roles"
     for rel, tasks in STANDIN_ROLES.items():
         path = roles / rel
@@ -126,48 +135,68 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(),
     events = tmp_path / "events"
     events.touch()
     (tmp_path / "ansible.cfg").write_text("[defaults]\n")
-    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    (tmp_path / "state").mkdir()
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+             "ansible_become": False}
     inventory = {"all": {
         "vars": {"standin_events": str(events), "standin_serves_nothing": list(serves_nothing),
-                 "standin_compat_refuse": list(compat_refuse),
+                 "standin_compat_refuse": list(compat_refuse), "standin_keep": list(keep),
+                 "standin_kill_at": kill_at, "standin_kill_pidfile": str(tmp_path / "controller.pid"),
                  "vllm_server_file_sd_path": str(tmp_path / "instances.json"),
                  "vllm_server_api_key": "stand-in-key", "vllm_server_record_path": str(tmp_path / "rec"),
                  "vllm_server_image": "sha256:01d", "vllm_server_vllm_version": "0.32.0",
                  "vllm_server_models": [], "vllm_server_port": 8000,
                  "fleet_upgrade_soak_seconds": 0, "fleet_upgrade_capacity_wait": 0,
-                 "fleet_upgrade_max_unavailable_fraction": fraction},
+                 "fleet_upgrade_max_unavailable_fraction": fraction,
+                 "fleet_upgrade_state_path": str(tmp_path / "state" / "{{ inventory_hostname }}.json"),
+                 "fleet_upgrade_lock_path": str(tmp_path / "rollout.lock")},
         "children": {"gpu_hosts": {"hosts": {h: dict(local) for h in hosts}},
                      "gateways": {"hosts": {"gw": dict(local)}}}}}
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     playbook = ROOT / "playbooks" / "upgrade.yml"
+    playbook_text = None
     if play_keywords:  # a control: the same playbook with other keywords on the batch play
         plays = yaml.safe_load(playbook.read_text())
         plays[1].update(play_keywords)
-        playbook = ROOT / "playbooks" / "upgrade-control.yml"
+        playbook = ROOT / "playbooks" / f"upgrade-control-{os.getpid()}.yml"
         playbook_text = yaml.safe_dump(plays, sort_keys=False)
-    else:
-        playbook_text = None
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=f"{roles}:{ROOT / 'roles'}",
+               ANSIBLE_LIBRARY=f"{library}:{ROOT / 'library'}",
+               ANSIBLE_MODULE_UTILS=str(ROOT / "module_utils"),
+               ANSIBLE_FILTER_PLUGINS=str(ROOT / "plugins" / "filter"),
+               ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOWS="1",
+               ANSIBLE_FORKS="10", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"))
 
-    def run():
-        env = dict(os.environ, ANSIBLE_ROLES_PATH=f"{roles}:{ROOT / 'roles'}",
-                   ANSIBLE_LIBRARY=str(library), ANSIBLE_MODULE_UTILS=str(ROOT / "module_utils"),
-                   ANSIBLE_FILTER_PLUGINS=str(ROOT / "plugins" / "filter"),
-                   ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOWS="1",
-                   ANSIBLE_GATHERING="explicit", ANSIBLE_FORKS="10",
-                   ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"))
-        target = playbook
+    def start(*args):
+        """Start upgrade.yml; returns the process (its pid is where the kill hook looks)."""
         if playbook_text is not None:  # next to the real one, so its relative paths hold
-            target.write_text(playbook_text)
+            playbook.write_text(playbook_text)
+        proc = subprocess.Popen([str(ROOT / ".venv/bin/ansible-playbook"), "-i",
+                                 str(tmp_path / "inventory.yml"), str(playbook), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        (tmp_path / "controller.pid").write_text(str(proc.pid))
+        return proc
+
+    def finish(proc):
         try:
-            proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i",
-                                   str(tmp_path / "inventory.yml"), str(target)],
-                                  capture_output=True, text=True, env=env, timeout=300)
+            out, _ = proc.communicate(timeout=300)
         finally:
-            if playbook_text is not None:
-                target.unlink()
-        lines = [tuple(line.split(" ", 1)) for line in events.read_text().splitlines()]
-        return proc.returncode, proc.stdout + proc.stderr, lines
+            if playbook_text is not None and playbook.exists():
+                playbook.unlink()
+        return proc.returncode, out, events_so_far()
+
+    def events_so_far():
+        return [tuple(line.split(" ", 1)) for line in events.read_text().splitlines()]
+
+    def run(*args):
+        return finish(start(*args))
+    run.start, run.finish, run.events = start, finish, events_so_far
     return run
+
+
+def _state(tmp_path, host):
+    path = tmp_path / "state" / f"{host}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _recap(output):
