@@ -2,11 +2,14 @@
 (issue #32 item 6): module_utils/gpufleet/redact.py (the rule), upgrade.build_record and
 rollback_vars around it, and the module vllm_record writing and reading the file."""
 import json
+import os
 import secrets
+import stat
 
 import pytest
 
 from gpufleet import redact, serve, upgrade
+from helpers import run_module
 
 IMAGE_ID = "sha256:" + "ab" * 32
 
@@ -179,3 +182,98 @@ def test_a_record_written_before_redaction_is_still_rolled_back_to():
     old["version"], old["inputs"]["vllm_server_models"] = 1, _inventory(token)
     out = upgrade.rollback_vars(old, current_models=[])
     assert out["vllm_server_models"] == _inventory(token) and out["record_notes"] == []
+
+
+# ----------------------------------------------------------------- the module
+def _files_under(root):
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+def test_vllm_record_writes_0600_and_nothing_it_writes_holds_a_secret(tmp_path, monkeypatch):
+    import vllm_record
+    token = _token()
+    path = tmp_path / "gpufleet" / "vllm-last-good.json"
+    result, failed = run_module(vllm_record.main, {"path": str(path), "record": _record(token)},
+                                monkeypatch)
+    assert not failed and result["changed"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.stat().st_uid == os.geteuid()
+    files = _files_under(tmp_path)
+    assert files == [path]  # no temporary file left beside it
+    for written in files:
+        _assert_no_secret(written.read_text(), token)
+    _assert_no_secret(json.dumps(result), token)
+    read, failed = run_module(vllm_record.main, {"path": str(path), "state": "read"},
+                              monkeypatch)
+    assert not failed and read["record"]["version"] == 2
+    _assert_no_secret(json.dumps(read), token)
+
+
+def test_vllm_record_refuses_a_record_of_the_old_format(tmp_path, monkeypatch):
+    import vllm_record
+    token = _token()
+    old = _record(token)
+    old["version"], old["inputs"]["vllm_server_models"] = 1, _inventory(token)
+    path = tmp_path / "rec.json"
+    result, failed = run_module(vllm_record.main, {"path": str(path), "record": old},
+                                monkeypatch)
+    assert failed and "gpufleet_build_record" in result["msg"] and not path.exists()
+
+
+def test_an_old_0644_record_is_read_then_replaced_and_tightened(tmp_path, monkeypatch):
+    import vllm_record
+    token = _token()
+    old = _record(token)
+    old["version"], old["inputs"]["vllm_server_models"] = 1, _inventory(token)
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps(old))
+    path.chmod(0o644)
+    read, failed = run_module(vllm_record.main, {"path": str(path), "state": "read"},
+                              monkeypatch)
+    assert not failed and read["record"]["version"] == 1  # still accepted
+    new = _record(token)
+    result, _ = run_module(vllm_record.main, {"path": str(path), "record": new}, monkeypatch,
+                           check_mode=True)
+    assert result["changed"] and token in path.read_text()  # check mode writes nothing
+    result, _ = run_module(vllm_record.main, {"path": str(path), "record": new}, monkeypatch)
+    assert result["changed"] and stat.S_IMODE(path.stat().st_mode) == 0o600
+    _assert_no_secret(path.read_text(), token)
+    # the same content at 0644: only the mode is wrong, still a change
+    path.chmod(0o644)
+    result, _ = run_module(vllm_record.main, {"path": str(path), "record": new}, monkeypatch)
+    assert result["changed"] and stat.S_IMODE(path.stat().st_mode) == 0o600
+    again, _ = run_module(vllm_record.main, {"path": str(path), "record": new}, monkeypatch)
+    assert not again["changed"]
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646, 0o666])
+def test_read_refuses_a_record_others_may_write(tmp_path, monkeypatch, mode):
+    import vllm_record
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps(_record(_token())))
+    path.chmod(mode)
+    result, failed = run_module(vllm_record.main, {"path": str(path), "state": "read"},
+                                monkeypatch)
+    assert failed and "record" not in result
+    assert f"{path} is owned by" in result["msg"] and f"with mode {mode:04o}" in result["msg"]
+    assert f"chmod 0600 {path}" in result["msg"] and "run site.yml" in result["msg"]
+
+
+def test_read_refuses_a_record_of_another_owner(tmp_path, monkeypatch):
+    """The owner required is the user the module runs as: root under become. A test run
+    by anyone shows it by running the module as another uid than the file's."""
+    import vllm_record
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps(_record(_token())))
+    path.chmod(0o600)
+    me = os.geteuid()
+    monkeypatch.setattr(vllm_record.os, "geteuid", lambda: me + 4242)
+    result, failed = run_module(vllm_record.main, {"path": str(path), "state": "read"},
+                                monkeypatch)
+    assert failed and f"uid {me}" in result["msg"] and "mode 0600" in result["msg"]
+    assert f"uid {me + 4242}" in result["msg"] and f"chown {me + 4242} {path}" in result["msg"]
+    if me == 0:  # as root, a file really owned by someone else (nobody)
+        monkeypatch.setattr(vllm_record.os, "geteuid", lambda: 0)
+        os.chown(path, 65534, 65534)
+        result, failed = run_module(vllm_record.main, {"path": str(path), "state": "read"},
+                                    monkeypatch)
+        assert failed and "uid 65534" in result["msg"] and "root (uid 0)" in result["msg"]
