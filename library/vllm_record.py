@@ -71,6 +71,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet.jsonfile import read_json, write_json
+from ansible.module_utils.gpufleet.redact import redact_models
 from ansible.module_utils.gpufleet.upgrade import RECORD_VERSION
 
 MODE = 0o600
@@ -85,6 +86,16 @@ def _file_state(path):
         return None
     mode = stat.S_IMODE(info.st_mode) if stat.S_ISREG(info.st_mode) else None
     return mode, info.st_uid
+
+
+def _shown(record):
+    """A record as the diff shows it: a version-1 record (values verbatim) with its models
+    redacted as version 2 keeps them, so replacing one with --diff prints no secret."""
+    inputs = record.get("inputs")
+    if record.get("version") == 1 and isinstance(inputs, dict):
+        models = redact_models(inputs.get("vllm_server_models"))
+        return dict(record, inputs=dict(inputs, vllm_server_models=models))
+    return record
 
 
 def run(params, check_mode, euid=None):
@@ -105,7 +116,7 @@ def run(params, check_mode, euid=None):
     changed = before != after or loose
     if changed and not check_mode:
         write_json(path, after, mode=MODE)
-    diff = {"before": json.dumps(before, indent=2, sort_keys=True) + "\n",
+    diff = {"before": json.dumps(_shown(before), indent=2, sort_keys=True) + "\n",
             "after": json.dumps(after, indent=2, sort_keys=True) + "\n"}
     if found is not None:
         mode = "not a file" if found[0] is None else f"mode {found[0]:04o}"

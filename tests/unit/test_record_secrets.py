@@ -234,9 +234,14 @@ def test_an_old_0644_record_is_read_then_replaced_and_tightened(tmp_path, monkey
     result, _ = run_module(vllm_record.main, {"path": str(path), "record": new}, monkeypatch,
                            check_mode=True)
     assert result["changed"] and token in path.read_text()  # check mode writes nothing
-    result, _ = run_module(vllm_record.main, {"path": str(path), "record": new}, monkeypatch)
+    result, _ = run_module(vllm_record.main, {"path": str(path), "record": new,
+                                              "_ansible_diff": True}, monkeypatch)
     assert result["changed"] and stat.S_IMODE(path.stat().st_mode) == 0o600
     _assert_no_secret(path.read_text(), token)
+    # --diff shows the old record's models as the new one keeps them, and the mode
+    assert result["diff"]["before_header"] == f"{path} (mode 0644, uid {os.geteuid()})"
+    assert '"version": 1' in result["diff"]["before"]
+    _assert_no_secret(json.dumps(result), token)
     # the same content at 0644: only the mode is wrong, still a change
     path.chmod(0o644)
     result, _ = run_module(vllm_record.main, {"path": str(path), "record": new}, monkeypatch)
