@@ -9,10 +9,24 @@ short_description: Keep the last-good state of a host's vLLM deploy on the host
 description:
   - C(present) writes O(record) (built by C(gpufleet.upgrade.build_record) - the deploy's
     inputs with the image by id, each model folder's commit, the driver version, the
-    instances' settings hashes) as JSON to O(path), atomically, mode 0644 (it holds no
-    secret). Written when a deploy passed its gates; playbooks/upgrade.yml rolls a host
-    back to it when a later change fails.
+    instances' settings hashes) as JSON to O(path), atomically, mode 0600, owned by the
+    user the module runs as (root, as the roles run it with become). Written when a deploy
+    passed its gates; playbooks/upgrade.yml rolls a host back to it when a later change
+    fails.
+  - The record holds no secret - every value of each model's C(env), the value of each
+    C(extra_args) option whose name says it is a secret (C(--hf-token), C(--api-key)...)
+    and any entry key so named are kept as C(sha256) digests (C(gpufleet.redact),
+    the one rule; a rollback takes the values back from the inventory), and
+    C(vllm_server_api_key) is not in it. A record of another format (not built by this
+    version's C(build_record)) is refused.
+  - A record already there with another mode or owner (0644, as records were written
+    before) is replaced, and the task reports a change, even when its content is the same.
   - C(read) returns the record (C(record) is empty when there is none) and changes nothing.
+    It refuses a record that is not owned by the user the module runs as (root with
+    become) or that group or others may write, naming its owner and mode and what to do
+    (whoever can write the record could choose what a rollback runs). A record written
+    before secrets were redacted (version 1, values verbatim, mode 0644) is still read; the
+    next C(present) replaces it.
 version_added: "0.2.0"
 author: gpufleet
 options:
@@ -26,7 +40,7 @@ options:
     choices: [present, read]
     default: present
   record:
-    description: The record to write (with O(state=present)).
+    description: The record to write (with O(state=present)), as C(gpufleet_build_record) makes it.
     type: dict
 attributes:
   check_mode:
@@ -34,7 +48,7 @@ attributes:
     description: Reports whether the record would change and writes nothing.
   diff_mode:
     support: full
-    description: Shows the record before and after.
+    description: Shows the record before and after, and the file's mode and owner.
 """
 
 EXAMPLES = r"""
@@ -52,26 +66,63 @@ record:
 """
 
 import json
+import os
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet.jsonfile import read_json, write_json
+from ansible.module_utils.gpufleet.redact import redact_models
+from ansible.module_utils.gpufleet.upgrade import RECORD_VERSION
+
+MODE = 0o600
+FIX = "move it aside and run site.yml to record the current state again"
 
 
-def run(params, check_mode):
+def _file_state(path):
+    """(mode, uid) of the file at `path` itself (a link is not followed), None when none."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    mode = stat.S_IMODE(info.st_mode) if stat.S_ISREG(info.st_mode) else None
+    return mode, info.st_uid
+
+
+def _shown(record):
+    """A record as the diff shows it: a version-1 record (values verbatim) with its models
+    redacted as version 2 keeps them, so replacing one with --diff prints no secret."""
+    inputs = record.get("inputs")
+    if record.get("version") == 1 and isinstance(inputs, dict):
+        models = redact_models(inputs.get("vllm_server_models"))
+        return dict(record, inputs=dict(inputs, vllm_server_models=models))
+    return record
+
+
+def run(params, check_mode, euid=None):
     path = params["path"]
-    before = read_json(path, {}, "move it aside and run site.yml to record the current "
-                       "state again")
+    euid = os.geteuid() if euid is None else euid
     if params["state"] == "read":
-        return {"changed": False, "record": before}
+        return {"changed": False, "record": read_json(path, {}, FIX, owner=euid)}
+    before = read_json(path, {}, FIX)
     if not params["record"]:
         raise ValueError("state=present needs a record")
     after = params["record"]
-    changed = before != after
+    if after.get("version") != RECORD_VERSION:
+        raise ValueError(f"the record is not of version {RECORD_VERSION} (got "
+                         f"{after.get('version')!r}): build it with gpufleet_build_record, "
+                         "which keeps no secret")
+    found = _file_state(path)
+    loose = found is not None and found != (MODE, euid)
+    changed = before != after or loose
     if changed and not check_mode:
-        write_json(path, after)
-    return {"changed": changed, "record": after,
-            "diff": {"before": json.dumps(before, indent=2, sort_keys=True) + "\n",
-                     "after": json.dumps(after, indent=2, sort_keys=True) + "\n"}}
+        write_json(path, after, mode=MODE)
+    diff = {"before": json.dumps(_shown(before), indent=2, sort_keys=True) + "\n",
+            "after": json.dumps(after, indent=2, sort_keys=True) + "\n"}
+    if found is not None:
+        mode = "not a file" if found[0] is None else f"mode {found[0]:04o}"
+        diff.update(before_header=f"{path} ({mode}, uid {found[1]})",
+                    after_header=f"{path} (mode {MODE:04o}, uid {euid})")
+    return {"changed": changed, "record": after, "diff": diff}
 
 
 def main():

@@ -18,8 +18,10 @@ import math
 import re
 import time
 
+from .redact import redact_models, restore_models
+
 __all__ = [
-    "RECORD_INPUTS", "UpgradeError", "build_record", "capacity_verdict", "driver_change",
+    "RECORD_INPUTS", "RECORD_VERSION", "UpgradeError", "build_record", "capacity_verdict", "driver_change",
     "idle_counts", "parse_metrics", "percentile", "plan_batches", "probe_summary",
     "probe_verdict", "rollback_vars", "run_probe", "soak_verdict", "stop_message", "wait_idle",
 ]
@@ -354,9 +356,15 @@ def soak_verdict(deltas, bad_statuses, max_5xx=0, max_retries=0, max_check_failu
 
 # ----------------------------------------------------------------- last-good record
 # The inventory variables a deploy is made of; the record keeps their values (the image
-# by id), so a rollback re-runs the same roles with them. No secret is among them.
+# by id), so a rollback re-runs the same roles with them. vllm_server_models may carry
+# secrets (a model's env, a token option in its extra_args): the record keeps those as
+# digests only (gpufleet.redact, the one rule), and a rollback takes them back from the
+# inventory. vllm_server_api_key is not among them.
 RECORD_INPUTS = ("vllm_server_image", "vllm_server_vllm_version", "vllm_server_models",
                  "vllm_server_port")
+# 2: every secret redacted (redact.redact_models). 1 (before): values verbatim; still read,
+# and replaced by the next write.
+RECORD_VERSION = 2
 
 
 def build_record(inputs, image_id, instances, driver_version=""):
@@ -369,14 +377,17 @@ def build_record(inputs, image_id, instances, driver_version=""):
     Each instance's args_hash (serve.args_check_hash: image, arguments, environment)
     tells vllm_server's preflight that vLLM accepted those arguments here: a rollback, or
     a change that keeps them (a model revision, a driver), needs no argument check.
+    The models' secrets are kept as digests (redact.redact_models): the record holds no
+    secret, and rollback_vars takes the values back from the inventory.
     """
     missing = [k for k in RECORD_INPUTS if k not in inputs]
     if missing:
         raise UpgradeError(f"the record needs {', '.join(missing)}")
     record_inputs = {k: inputs[k] for k in RECORD_INPUTS}
     record_inputs["vllm_server_image"] = str(image_id)
+    record_inputs["vllm_server_models"] = redact_models(inputs["vllm_server_models"])
     return {
-        "version": 1,
+        "version": RECORD_VERSION,
         "image_ref": str(inputs["vllm_server_image"]),
         "image_id": str(image_id),
         "driver_version": str(driver_version or ""),
@@ -391,7 +402,7 @@ def build_record(inputs, image_id, instances, driver_version=""):
 
 
 def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_changed=False,
-                  instances=None):
+                  instances=None, current_models=None):
     """The variables that re-run the roles to the recorded state.
 
     The vllm_server inputs come from the record (image by id, never pulled); each
@@ -402,11 +413,28 @@ def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_cha
     now) leaves out the entries whose folder still holds the recorded commit: nothing is
     fetched for them, so a rollback of a bad setting never depends on the mirror still
     serving an older commit (a mirror that publishes only its current commit answers 404).
+
+    `current_models` (the inventory's vllm_server_models now) gives back the secrets the
+    record keeps as digests (redact.restore_models): a value whose digest matches is the
+    recorded one; one that differs or is gone is taken as the inventory has it, and
+    `record_notes` says which model and env key or option (never a value). A model with
+    a redacted value that is no longer in the inventory is refused. A record written
+    before secrets were redacted (version 1) is used as it is.
     """
-    if not record or record.get("version") != 1 or "inputs" not in record:
+    if not record or record.get("version") not in (1, RECORD_VERSION) or "inputs" not in record:
         raise UpgradeError("no usable last-good record on the host (it is written when a "
                            "deploy passes its gates: run site.yml once before upgrading)")
     out = dict(record["inputs"])
+    out["record_notes"] = []
+    if record["version"] == RECORD_VERSION:
+        models, notes, missing = restore_models(out.get("vllm_server_models"), current_models)
+        if missing:
+            raise UpgradeError(
+                "the last-good record keeps no secret, only digests, and a rollback takes "
+                "the values back from the inventory's vllm_server_models, which no longer "
+                f"has {'; '.join(missing)}: put the entry back in the inventory with the "
+                "values it had, then run upgrade.yml again")
+        out["vllm_server_models"], out["record_notes"] = models, notes
     out["vllm_server_image_pull"] = "never"
     commits = {path: commit for path, commit in record.get("models", [])}
     holds = {i["mounts"][0]["source"]: str(i.get("revision"))

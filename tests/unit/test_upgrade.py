@@ -254,7 +254,7 @@ def test_vllm_record_module_writes_reads_and_is_idempotent(tmp_path, monkeypatch
                                 check_mode=True)
     assert not failed and result["changed"] and not (tmp_path / "sub").exists()
     result, _ = run_module(vllm_record.main, {"path": path, "record": rec}, monkeypatch)
-    assert result["changed"] and oct((tmp_path / "sub" / "rec.json").stat().st_mode)[-3:] == "644"
+    assert result["changed"] and oct((tmp_path / "sub" / "rec.json").stat().st_mode)[-3:] == "600"
     again, _ = run_module(vllm_record.main, {"path": path, "record": rec}, monkeypatch)
     assert not again["changed"]
     read, _ = run_module(vllm_record.main, {"path": path, "state": "read"}, monkeypatch)
