@@ -49,6 +49,13 @@ options:
   nvidia_smi_xml:
     description: Read the GPUs from this C(nvidia-smi -q -x) capture instead of the host.
     type: path
+  rollout_state_path:
+    description:
+      - With C(check), the host's rollout state (library/rollout_state.py) is read in the same
+        round trip; a host a rollout left mid-change is returned as C(held) (and not
+        unchanged), so site.yml can refuse it.
+    type: path
+    default: /var/lib/gpufleet/rollout-state.json
 attributes:
   check_mode:
     support: full
@@ -90,6 +97,14 @@ recorded_at:
   description: When the record in force was written (UTC, ISO 8601), empty when none.
   returned: always
   type: str
+rollout_state:
+  description: (check) the host's rollout state, as rollout_state reads it (empty when none).
+  returned: state=check
+  type: dict
+held:
+  description: (check) true when a rollout left the host mid-change.
+  returned: state=check
+  type: bool
 ansible_facts:
   description: C(gpu), the GPU facts read now (as gpu_facts returns them).
   returned: always
@@ -115,6 +130,7 @@ from ansible.module_utils.gpufleet.hoststate import (
     spec_for,
 )
 from ansible.module_utils.gpufleet.jsonfile import read_json, write_json
+from ansible.module_utils.gpufleet import rollout
 
 
 def _gpu_facts(module):
@@ -154,8 +170,13 @@ def run(module, params, check_mode, gpus):
             if before.get("inputs_digest") != params["inputs_digest"]:
                 reasons.insert(0, "the inputs changed (a role variable, the inventory or "
                                   "the playbook's code)")
+        held = rollout.read_state(params["rollout_state_path"])
+        if held.get("held"):
+            reasons.insert(0, f"a rollout left it mid-change (rollout {held.get('rollout')}, "
+                              f"step {held.get('step')})")
         result.update(unchanged=not reasons, reasons=reasons,
-                      published=before.get("published", {}) if not reasons else {})
+                      published=before.get("published", {}) if not reasons else {},
+                      rollout_state=held, held=bool(held.get("held")))
         return result
     observed = observe(spec_for(params["published"]), _run(module), gpus)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -186,13 +207,14 @@ def main():
             "inputs_digest": {"type": "str", "default": ""},
             "published": {"type": "dict", "default": {}},
             "nvidia_smi_xml": {"type": "path"},
+            "rollout_state_path": {"type": "path", "default": rollout.STATE_PATH},
         },
         supports_check_mode=True,
     )
     gpus = _gpu_facts(module)
     try:
         result = run(module, module.params, module.check_mode, gpus)
-    except (HostStateError, ValueError) as exc:
+    except (HostStateError, ValueError) as exc:  # rollout.RolloutError is a ValueError
         module.fail_json(msg=str(exc), changed=False)
     if not module._diff:
         result.pop("diff", None)

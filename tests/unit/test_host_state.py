@@ -5,6 +5,7 @@ removed hold (dpkg's status file), a new repository file, a stopped container, a
 model file, a GPU gone, a reboot, a changed input."""
 
 import functools
+import pathlib
 import json
 import os
 
@@ -195,7 +196,8 @@ def module_host(tmp_path, monkeypatch):
                         functools.partial(hoststate.observe, root=str(root)))
     monkeypatch.setattr(host_state, "_run", lambda module: answers.run)
     record = tmp_path / "state" / "host-state.json"
-    base = {"path": str(record), "nvidia_smi_xml": str(H200_XML)}
+    base = {"path": str(record), "nvidia_smi_xml": str(H200_XML),
+            "rollout_state_path": str(tmp_path / "state" / "rollout-state.json")}
     return root, answers, record, base
 
 
@@ -286,3 +288,20 @@ def test_every_gpu_play_after_the_state_play_skips_unchanged_hosts_first():
     skip = yaml.safe_load((ROOT / "playbooks/tasks/skip-unchanged.yml").read_text())
     assert skip[0]["ansible.builtin.meta"] == "end_host"
     assert "gpufleet_state_unchanged" in skip[0]["when"]
+
+
+def test_module_a_host_a_rollout_left_mid_change_is_held_and_never_unchanged(module_host, monkeypatch):
+    """The rollout state is read in the same round trip (site.yml refuses such a host:
+    tests/unit/test_rollout.py); control: a finished rollout holds nothing."""
+    _, _, record, base = module_host
+    run_module(host_state.main, dict(base, state="record", inputs_digest=DIGEST,
+                                     published=PUBLISHED), monkeypatch)
+    path = pathlib.Path(base["rollout_state_path"])
+    for step, held in (("out_of_service", True), ("recorded", False)):
+        path.write_text(json.dumps({"version": 1, "rollout": "r-3", "step": step, "at": "t", "history": []}))
+        result, failed = run_module(host_state.main, dict(base, state="check", inputs_digest=DIGEST),
+                                    monkeypatch)
+        assert not failed and result["held"] is held and result["unchanged"] is (not held)
+        assert result["rollout_state"]["step"] == step
+        if held:
+            assert result["reasons"] == ["a rollout left it mid-change (rollout r-3, step out_of_service)"]

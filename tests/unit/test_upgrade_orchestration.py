@@ -44,11 +44,22 @@ STANDIN_ROLES = {
         {"name": "Stand-in | Plan",
          "ansible.builtin.set_fact": {"__vllm_server_plan": {
              "instances": "{{ [] if inventory_hostname in standin_serves_nothing else "
-                          "[{'name': 'chat', 'action': 'keep' if inventory_hostname in standin_keep else 'replace', 'url': 'http://' ~ inventory_hostname ~ '.invalid:8000/', "
+                          "[{'name': 'chat', 'action': 'keep' if inventory_hostname in standin_keep "
+                          "or (standin_applied ~ '/' ~ inventory_hostname) is exists else 'replace', 'url': 'http://' ~ inventory_hostname ~ '.invalid:8000/', "
                           "'served_model_name': 'chat', 'runner': 'generate'}] }}",
              "remove": []}}},
     ],
-    "vllm_server/tasks/apply.yml": [_log("apply")],
+    # what apply changed stays changed: the next plan of the host says keep
+    "vllm_server/tasks/apply.yml": [
+        _log("apply"),
+        {"name": "Stand-in | Remember the host runs the new containers",
+         "ansible.builtin.shell": "touch {{ standin_applied }}/{{ inventory_hostname }}",
+         "changed_when": False},
+        {"name": "Stand-in | Kill the controller",
+         "ansible.builtin.shell": "kill -KILL $(cat {{ standin_kill_pidfile }})",
+         "changed_when": False,
+         "when": "inventory_hostname ~ ' apply' == standin_kill_at"},
+    ],
     "vllm_server/tasks/record.yml": [_log("record")],
     "vllm_server/tasks/main.yml": [_log("rollback-deploy")],
     "vllm_gateway/tasks/server_state.yml": [
@@ -136,12 +147,13 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), 
     events.touch()
     (tmp_path / "ansible.cfg").write_text("[defaults]\n")
     (tmp_path / "state").mkdir()
+    (tmp_path / "applied").mkdir()
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
              "ansible_become": False}
     inventory = {"all": {
         "vars": {"standin_events": str(events), "standin_serves_nothing": list(serves_nothing),
                  "standin_compat_refuse": list(compat_refuse), "standin_keep": list(keep),
-                 "standin_kill_at": kill_at, "standin_kill_pidfile": str(tmp_path / "controller.pid"),
+                 "standin_kill_at": kill_at, "standin_applied": str(tmp_path / "applied"), "standin_kill_pidfile": str(tmp_path / "controller.pid"),
                  "vllm_server_file_sd_path": str(tmp_path / "instances.json"),
                  "vllm_server_api_key": "stand-in-key", "vllm_server_record_path": str(tmp_path / "rec"),
                  "vllm_server_image": "sha256:01d", "vllm_server_vllm_version": "0.32.0",
@@ -271,3 +283,85 @@ def test_control_the_old_play_keywords_stop_the_compatible_hosts(tmp_path):
     with pytest.raises(AssertionError):
         _check_refused_idle_host_shares_a_batch(rc, out, events)
     assert rc != 0
+
+
+# --- one rollout at a time (#31 item 3) -------------------------------------------------------
+def test_a_held_lock_refuses_a_second_run_and_is_broken_only_by_its_id(tmp_path):
+    run = _fleet(tmp_path, HOSTS[:3])
+    lock = tmp_path / "rollout.lock"
+    lock.write_text(json.dumps({"version": 1, "rollout": "20261206T010000Z-7", "holder": "alice@ctl",
+                                "started": "2026-12-06T01:00:00Z", "scope": ["h1", "h2", "h3"]}))
+    rc, out, events = run()
+    assert rc != 0
+    assert ("another rollout holds the fleet: rollout 20261206T010000Z-7 by alice@ctl, started "
+            "2026-12-06T01:00:00Z, on h1, h2, h3") in out, out
+    assert "-e fleet_upgrade_break_lock=20261206T010000Z-7" in out
+    assert [e for _, e in events] == [], events  # nothing was drained
+    rc, out, events = run("-e", "fleet_upgrade_break_lock=20261206T999999Z-1")
+    assert rc != 0 and "name that id to break it" in out, out
+    assert json.loads(lock.read_text())["holder"] == "alice@ctl"
+    rc, out, events = run("-e", "fleet_upgrade_break_lock=20261206T010000Z-7")
+    assert rc == 0, out
+    assert "taken over from rollout 20261206T010000Z-7 of alice@ctl" in out
+    assert not lock.exists(), "the lock is released at the end"
+    assert all(_of(events, h)[-2:] == ["enabled", "record"] for h in HOSTS[:3]), events
+
+
+def test_two_runs_started_at_once_one_runs_and_the_other_is_refused(tmp_path):
+    run = _fleet(tmp_path, HOSTS[:3])
+    first, second = run.start(), run.start()
+    results = [run.finish(first), run.finish(second)]
+    codes = sorted(rc for rc, _, _ in results)
+    assert codes[0] == 0 and codes[1] != 0, [out for _, out, _ in results]
+    refused = next(out for rc, out, _ in results if rc != 0)
+    assert "another rollout holds the fleet" in refused, refused
+    events = run.events()
+    # each host was drained once, by the run that held the lock
+    assert all(_of(events, h).count("disabled") == 1 for h in HOSTS[:3]), events
+    assert not (tmp_path / "rollout.lock").exists()
+
+
+# --- a controller that dies mid-change (#31 items 1 and 2) ------------------------------------
+@pytest.mark.parametrize("kill_at, left_at", [("h2 disabled", "draining"), ("h2 apply", "out_of_service")],
+                         ids=["after-drain", "during-apply"])
+def test_a_controller_killed_mid_change_is_resumed_by_the_next_run(tmp_path, kill_at, left_at):
+    run = _fleet(tmp_path, HOSTS, kill_at=kill_at)
+    rc, out, events = run()
+    assert rc == -9, out  # SIGKILL
+    assert _state(tmp_path, "h1")["step"] == "recorded"
+    left = _state(tmp_path, "h2")
+    assert left["step"] == left_at, left
+    mode = (tmp_path / "state" / "h2.json").stat().st_mode & 0o777
+    assert mode == 0o600, oct(mode)
+    dead = json.loads((tmp_path / "rollout.lock").read_text())
+    assert dead["rollout"] == left["rollout"]
+    # the next run is refused by the dead run's lock, and says how to take it over
+    rc, out, _ = run("-e", "standin_kill_at=")
+    assert rc != 0 and f"-e fleet_upgrade_break_lock={dead['rollout']}" in out, out
+    rc, out, _ = run("-e", "standin_kill_at=", "-e", f"fleet_upgrade_break_lock={dead['rollout']}")
+    assert rc == 0, out
+    assert f"h2 is held by rollout {dead['rollout']}: it was left at step '{left_at}'" in out, out
+    plan = re.search(r"\d+ batches: 1\. (\S+) \(canary\)", out)
+    assert plan and plan.group(1) in ("h2", "h3"), out  # a held host first
+    assert f"resume rollout {dead['rollout']} (left at {left_at}" in out, out
+    for host in HOSTS:
+        assert _state(tmp_path, host).get("step") == "recorded", (host, _state(tmp_path, host))
+    after_kill = run.events()[len(events):]
+    assert _of(after_kill, "h2")[-2:] == ["enabled", "record"], after_kill
+    assert not (tmp_path / "rollout.lock").exists()
+
+
+def test_control_without_the_state_a_rerun_leaves_the_applied_host_drained(tmp_path):
+    """Control: the same kill during h2's apply, then a rerun that cannot see the state
+    (the state file removed, as before this change): h2's plan says keep, so the rerun
+    never re-enables it (the issue's report)."""
+    run = _fleet(tmp_path, HOSTS, kill_at="h2 apply")
+    rc, _, events = run()
+    assert rc == -9
+    (tmp_path / "state" / "h2.json").unlink()
+    (tmp_path / "state" / "h3.json").unlink()
+    dead = json.loads((tmp_path / "rollout.lock").read_text())
+    rc, out, _ = run("-e", "standin_kill_at=", "-e", f"fleet_upgrade_break_lock={dead['rollout']}")
+    after_kill = run.events()[len(events):]
+    assert "enabled" not in _of(after_kill, "h2"), after_kill
+    assert "h2 (batch" in out and "nothing to change" in out
