@@ -42,6 +42,13 @@ options:
   record:
     description: The record to write (with O(state=present)), as C(gpufleet_build_record) makes it.
     type: dict
+  check_image:
+    description:
+      - With O(state=read), also ask the host's Docker engine whether the record's image (by id)
+        is still there, and return the verdict in C(problem) - what playbooks/upgrade.yml checks
+        before it drains a host, since a rollback runs that image and never pulls it.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -63,6 +70,14 @@ record:
   description: The record now on the host (empty dict when none).
   returned: always
   type: dict
+image_present:
+  description: Whether the record's image is on the host (O(check_image)).
+  returned: with O(state=read) and O(check_image)
+  type: bool
+problem:
+  description: Why a rollback to the record could not run (no record, or its image gone); empty when it could.
+  returned: with O(state=read) and O(check_image)
+  type: str
 """
 
 import json
@@ -71,6 +86,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet.jsonfile import read_json, write_json
+from ansible.module_utils.gpufleet.upgrade import record_problem
 from ansible.module_utils.gpufleet.redact import redact_models
 from ansible.module_utils.gpufleet.upgrade import RECORD_VERSION
 
@@ -98,11 +114,17 @@ def _shown(record):
     return record
 
 
-def run(params, check_mode, euid=None):
+def run(params, check_mode, euid=None, image_present=None):
+    """image_present(image_id) -> bool asks the Docker engine (main() passes docker image inspect)."""
     path = params["path"]
     euid = os.geteuid() if euid is None else euid
     if params["state"] == "read":
-        return {"changed": False, "record": read_json(path, {}, FIX, owner=euid)}
+        record = read_json(path, {}, FIX, owner=euid)
+        result = {"changed": False, "record": record}
+        if params.get("check_image"):
+            present = bool(record.get("image_id")) and image_present(record["image_id"])
+            result.update(image_present=present, problem=record_problem(record, present, path))
+        return result
     before = read_json(path, {}, FIX)
     if not params["record"]:
         raise ValueError("state=present needs a record")
@@ -131,11 +153,20 @@ def main():
             "path": {"type": "path", "default": "/var/lib/gpufleet/vllm-last-good.json"},
             "state": {"type": "str", "choices": ["present", "read"], "default": "present"},
             "record": {"type": "dict"},
+            "check_image": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
+
+    def image_present(image_id):
+        docker = module.get_bin_path("docker")
+        if docker is None:
+            return False
+        rc, _, _ = module.run_command([docker, "image", "inspect", "--format", "{{.Id}}", image_id])
+        return rc == 0
+
     try:
-        result = run(module.params, module.check_mode)
+        result = run(module.params, module.check_mode, image_present=image_present)
     except ValueError as exc:
         module.fail_json(msg=str(exc), changed=False)
     if not module._diff:

@@ -23,7 +23,7 @@ from .redact import redact_models, restore_models
 __all__ = [
     "RECORD_INPUTS", "RECORD_VERSION", "UpgradeError", "build_record", "capacity_verdict", "driver_change",
     "idle_counts", "parse_metrics", "percentile", "plan_batches", "probe_summary",
-    "probe_verdict", "rollback_vars", "run_probe", "soak_verdict", "stop_message", "wait_idle",
+    "probe_verdict", "record_problem", "rollback_vars", "run_probe", "soak_verdict", "stop_message", "wait_idle",
 ]
 
 
@@ -399,6 +399,24 @@ def build_record(inputs, image_id, instances, driver_version=""):
                        "args_hash": i.get("args_hash")}
                       for i in instances],
     }
+
+
+def record_problem(record, image_present, path=""):
+    """Why a rollback to `record` could not run ("" when it could): checked before a host
+    is drained (issue #31 item 7), since a rollback runs the recorded image by id and never
+    pulls it. An unreadable record never gets here: reading it fails with its own reason."""
+    if not record:
+        return (f"it has no last-good record{' at ' + path if path else ''}, so it could not be "
+                "rolled back if the change failed. Run site.yml on it once (a deploy that passes "
+                "its gates writes the record), or set fleet_upgrade_allow_downtime: true to change "
+                "it without a way back")
+    if not image_present:
+        return (f"its last-good record names the image {record.get('image_ref', '?')} "
+                f"({record.get('image_id') or 'no id'}), which is no longer on the host, so a "
+                "rollback would have nothing to run (it never pulls). Put that image back (docker "
+                "pull/load, then check its id), or run site.yml to deploy and record the current "
+                "state, or set fleet_upgrade_allow_downtime: true to change it without a way back")
+    return ""
 
 
 def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_changed=False,

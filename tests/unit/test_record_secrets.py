@@ -282,3 +282,25 @@ def test_read_refuses_a_record_of_another_owner(tmp_path, monkeypatch):
         result, failed = run_module(vllm_record.main, {"path": str(path), "state": "read"},
                                     monkeypatch)
         assert failed and "uid 65534" in result["msg"] and "root (uid 0)" in result["msg"]
+
+
+def test_vllm_record_read_says_whether_a_rollback_could_run(tmp_path):
+    """check_image (issue #31 item 7): the record's image by id must still be on the host."""
+    import vllm_record
+    path = tmp_path / "last-good.json"
+    params = {"path": str(path), "state": "read", "check_image": True}
+    asked = []
+
+    def present(image_id):
+        asked.append(image_id)
+        return image_id == "sha256:here"
+    none = vllm_record.run(params, False, image_present=present)
+    assert none["image_present"] is False and "has no last-good record" in none["problem"]
+    assert asked == []  # no record, nothing to ask
+    for image_id, ok in (("sha256:here", True), ("sha256:gone", False)):
+        path.write_text(json.dumps({"version": 2, "image_ref": "vllm:x", "image_id": image_id}))
+        path.chmod(0o600)
+        result = vllm_record.run(params, False, image_present=present)
+        assert result["image_present"] is ok
+        assert (result["problem"] == "") is ok, result["problem"]
+    assert asked == ["sha256:here", "sha256:gone"]

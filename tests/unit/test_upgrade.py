@@ -166,6 +166,14 @@ def test_hosts_a_rollout_left_mid_change_come_first():
     assert upgrade.plan_batches(hosts, first=["d", "b"])["batches"] == [["b"], ["d", "a"], ["c"]]
 
 
+def test_record_problem_says_why_a_rollback_could_not_run():
+    assert "has no last-good record at /r.json" in upgrade.record_problem({}, False, "/r.json")
+    record = {"image_ref": "vllm/vllm-openai:v0.32.0", "image_id": "sha256:abc"}
+    assert "vllm/vllm-openai:v0.32.0 (sha256:abc), which is no longer on the host" in \
+        upgrade.record_problem(record, False)
+    assert upgrade.record_problem(record, True) == ""
+
+
 def test_stop_message_keeps_a_gate_message_and_names_any_other_task():
     gate = {"msg": "UPGRADE STOPPED at h2, nothing was changed: the capacity gate refused it"}
     assert upgrade.stop_message(gate, "h2", "Capacity gate") == gate["msg"]

@@ -103,8 +103,13 @@ MODULES = {
     "standin_gpu_facts": ([], """
     module.exit_json(changed=False, ansible_facts={"gpu": {"driver_version": "580.95.05"}})
 """),
-    "vllm_record": (["path", "state", "record"], """
-    module.exit_json(changed=False, record={
+    # the record's image is gone on the hosts the test names (its path ends in HOST.json)
+    "vllm_record": (["path", "state", "record", "check_image"], """
+    host = p["path"].rsplit("/", 1)[-1].split(".")[0]
+    gone = host in CONFIG["image_gone"]
+    module.exit_json(changed=False, image_present=not gone,
+                     problem="its last-good record names the image vllm:old, which is no longer on the host" if gone else "",
+                     record={
         "version": 1, "image_ref": "vllm:old", "image_id": "sha256:01d", "driver_version": "",
         "inputs": {"vllm_server_image": "sha256:01d", "vllm_server_vllm_version": "0.32.0",
                    "vllm_server_models": [], "vllm_server_port": 8000},
@@ -123,7 +128,7 @@ MODULES = {
 
 
 def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), keep=(),
-           fraction=0.5, play_keywords=None, kill_at=""):
+           fraction=0.5, play_keywords=None, kill_at="", image_gone=()):
     """Write the stand-ins, the fleet's instance list and the inventory; return a
     function that runs upgrade.yml (extra arguments are ansible-playbook's) and returns
     (rc, output, events). The rollout state and lock are real (library/rollout_state.py,
@@ -136,7 +141,8 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), 
     library = tmp_path / "library"
     library.mkdir()
     config = tmp_path / "standin.json"
-    config.write_text(json.dumps({"hosts": list(hosts), "probe_fail": list(probe_fail)}))
+    config.write_text(json.dumps({"hosts": list(hosts), "probe_fail": list(probe_fail),
+                                  "image_gone": list(image_gone)}))
     for name, (options, body) in MODULES.items():
         (library / f"{name}.py").write_text(STANDIN_MODULE % {
             "options": options, "config": str(config), "body": body.strip("\n")})
@@ -155,7 +161,7 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), 
                  "standin_compat_refuse": list(compat_refuse), "standin_keep": list(keep),
                  "standin_kill_at": kill_at, "standin_applied": str(tmp_path / "applied"), "standin_kill_pidfile": str(tmp_path / "controller.pid"),
                  "vllm_server_file_sd_path": str(tmp_path / "instances.json"),
-                 "vllm_server_api_key": "stand-in-key", "vllm_server_record_path": str(tmp_path / "rec"),
+                 "vllm_server_api_key": "stand-in-key", "vllm_server_record_path": str(tmp_path / "{{ inventory_hostname }}.json"),
                  "vllm_server_image": "sha256:01d", "vllm_server_vllm_version": "0.32.0",
                  "vllm_server_models": [], "vllm_server_port": 8000,
                  "fleet_upgrade_soak_seconds": 0, "fleet_upgrade_capacity_wait": 0,
@@ -365,3 +371,23 @@ def test_control_without_the_state_a_rerun_leaves_the_applied_host_drained(tmp_p
     after_kill = run.events()[len(events):]
     assert "enabled" not in _of(after_kill, "h2"), after_kill
     assert "h2 (batch" in out and "nothing to change" in out
+
+
+# --- the way back is checked before the drain (#31 item 7) ------------------------------------
+def test_a_host_whose_record_names_an_image_gone_is_refused_before_the_drain(tmp_path):
+    run = _fleet(tmp_path, HOSTS[:3], image_gone=["h1"])
+    rc, out, events = run()
+    assert rc == 2, out
+    assert _of(events, "h1") == ["compat"], events  # never drained
+    assert ("UPGRADE STOPPED at h1, nothing was changed (it still serves): its last-good record "
+            "names the image vllm:old, which is no longer on the host") in out, out
+    assert _of(events, "h2") == [] and _state(tmp_path, "h1") == {}
+    assert not (tmp_path / "rollout.lock").exists(), "a stopped rollout releases the lock"
+
+
+def test_control_with_downtime_allowed_the_same_host_is_changed(tmp_path):
+    run = _fleet(tmp_path, HOSTS[:3], image_gone=["h1"])
+    rc, out, events = run("-e", "fleet_upgrade_allow_downtime=true")
+    assert rc == 0, out
+    assert "no way back (its last-good record names the image vllm:old" in out
+    assert _of(events, "h1") == ["compat", "disabled", "apply", "enabled", "record"], events
