@@ -159,10 +159,27 @@ def main():
     )
 
     def image_present(image_id):
-        docker = module.get_bin_path("docker")
-        if docker is None:
-            return False
-        rc, _, _ = module.run_command([docker, "image", "inspect", "--format", "{{.Id}}", image_id])
+        """Ask the Docker engine (DOCKER_HOST, as vllm_server's tasks set it) by id: the
+        Python SDK the community.docker modules use, or the CLI where it is missing."""
+        try:
+            import docker  # pylint: disable=import-outside-toplevel
+        except ImportError:
+            docker = None
+        if docker is not None:
+            try:
+                docker.from_env(timeout=30).images.get(image_id)
+                return True
+            except docker.errors.ImageNotFound:
+                return False
+            except docker.errors.DockerException as exc:
+                raise ValueError(f"cannot ask the Docker engine for {image_id}: {exc}") from None
+        cli = module.get_bin_path("docker")
+        if cli is None:
+            raise ValueError("neither the Python docker SDK nor the docker command is on the host: "
+                             "cannot tell whether the record's image is there")
+        rc, _, err = module.run_command([cli, "image", "inspect", "--format", "{{.Id}}", image_id])
+        if rc != 0 and "No such image" not in err:
+            raise ValueError(f"cannot ask the Docker engine for {image_id}: {err.strip()[:500]}")
         return rc == 0
 
     try:
