@@ -97,7 +97,10 @@ cat "$images_log"
 # against a systemd container, as a scenario is): at CI stop 18 the slow tests without
 # the lab took about 1,440 s and the Molecule scenarios about 950 s, the driver
 # lifecycle file about 260 s of the 1,440.
-AFTER_MOLECULE=(tests/slow/test_hoststack_driver_lifecycle.py)
+# The fetch wait's 500-poll playbook tests (about 4 minutes of one core) go there too, so the
+# rollout orchestration tests (tests/unit/test_upgrade_orchestration.py, about 4 minutes)
+# and they add to both lanes alike.
+AFTER_MOLECULE=(tests/slow/test_hoststack_driver_lifecycle.py tests/unit/test_fetch_wait.py)
 stage "molecule: every scenario, then ${AFTER_MOLECULE[*]} (beside the slow tests without the lab)"
 # vllm_server's scenario is run by tests/slow/test_vllm_server_molecule.py (with a random
 # API key it then looks for in the whole output), so it is not run twice.
