@@ -8,9 +8,10 @@ module: rollout_lock
 short_description: Take or release the fleet-wide lock that lets one rollout run at a time
 description:
   - C(present) takes the lock for O(rollout), a JSON file, mode 0600, naming the rollout,
-    its O(holder), its start time and its O(scope) (the hosts of the run). It is created
-    with O_EXCL, so of two runs that start at once exactly one gets it. A lock held by
-    another rollout is refused with what it holds, unless O(break_lock) names that
+    its O(holder), its start time and its O(scope) (the hosts of the run). It is linked
+    into place whole (link() refuses an existing name), so of two runs that start at once
+    exactly one gets it, and no run ever reads it half written. A lock held by another
+    rollout is refused with what it holds, unless O(break_lock) names that
     rollout's id (a stale lock is never broken silently). Taking a lock this rollout
     already holds changes nothing.
   - C(absent) releases the lock when O(rollout) holds it; another rollout's lock is left

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import time
 
 from .jsonfile import read_json, write_json
@@ -121,7 +122,8 @@ def lock_message(lock, path=LOCK_PATH):
 
 def take_lock(path, rollout, holder, scope, break_lock="", now=None, check_mode=False):
     """Take the lock for `rollout`. Returns {"changed", "lock", "broken"}. The file is
-    created with O_EXCL, so of two runs that start at once exactly one gets it; a lock
+    linked into place whole (link() refuses an existing name), so of two runs that start
+    at once exactly one gets it; a lock
     held by another rollout is refused (RolloutError with lock_message) unless
     `break_lock` names that rollout's id."""
     _check_id(rollout)
@@ -149,13 +151,20 @@ def take_lock(path, rollout, holder, scope, break_lock="", now=None, check_mode=
     os.makedirs(folder, mode=0o755, exist_ok=True)
     if broken:
         os.unlink(path)
+    # The whole file is written aside, then hard-linked into place: link() fails when the
+    # name exists, so the lock appears complete or not at all (an O_EXCL create would let a
+    # second run read it empty, between the create and the write).
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".rollout-lock-")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(lock, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        os.chmod(tmp, 0o600)
+        os.link(tmp, path)
     except FileExistsError as exc:  # another run took it between the read and here
         raise RolloutError(lock_message(read_lock(path), path)) from exc
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(lock, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    finally:
+        os.unlink(tmp)
     return {"changed": True, "lock": lock, "broken": broken}
 
 

@@ -298,6 +298,15 @@ def test_control_the_old_play_keywords_stop_the_compatible_hosts(tmp_path):
 
 
 # --- one rollout at a time (#31 item 3; a held lock and its take-over: the kill test below) -----
+def test_a_limited_run_releases_its_lock(tmp_path):
+    """As the lab and the README's --limit runs do: the lock is released at the end."""
+    run = _fleet(tmp_path, HOSTS[:3])
+    rc, out, events = run("--limit", "h1,h2")
+    assert rc == 0, out
+    assert _of(events, "h3") == [] and _of(events, "h2")[-1] == "record", events
+    assert not (tmp_path / "rollout.lock").exists(), out
+
+
 def test_two_runs_started_at_once_one_runs_and_the_other_is_refused(tmp_path):
     run = _fleet(tmp_path, HOSTS[:3])
     first, second = run.start(), run.start()
