@@ -253,12 +253,19 @@ def path_under(root, rel, final_may_be_link=False):
 
 
 def parse_tree(items):
-    """Tree API entries -> RepoFile list (directories skipped)."""
-    files = []
+    """Tree API entries -> RepoFile list (directories skipped). A listing that cannot
+    describe one tree is refused before anything is downloaded: the same path twice (two
+    downloads would write one partial file, and the manifest would call it complete), or a
+    path that is a file and a folder at once. Messages quote at most 200 characters of an
+    entry."""
+    files, folders = [], set()
     for item in items:
         if not isinstance(item, dict):
             raise HubError(f"the listing has an entry that is not an object ({item!r:.80}); "
                            "the mirror does not serve the tree API.")
+        if item.get("type") == "directory":
+            folders.add(safe_relpath(item.get("path")))
+            continue
         if item.get("type") != "file":
             continue
         path = safe_relpath(item.get("path"))
@@ -273,10 +280,31 @@ def parse_tree(items):
             algorithm, digest, size = "sha1", str(item.get("oid") or ""), item.get("size")
             ok = _HEX40.match(digest)
         if not ok or not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise HubError(f"the listing entry for {path!r} has no usable size/hash "
-                           f"({item!r}); the mirror does not serve the tree API with hashes.")
+            raise HubError(f"the listing entry for {path!r:.200} has no usable size/hash "
+                           f"({item!r:.200}); the mirror does not serve the tree API with hashes.")
         files.append(RepoFile(path, size, algorithm, digest))
+    _check_one_tree(files, folders)
     return files
+
+
+def _check_one_tree(files, folders):
+    """Refuse a listing whose paths cannot all exist at once (see parse_tree)."""
+    seen = set()
+    for f in files:
+        if f.path in seen:
+            raise HubError(f"the listing names {f.path!r:.200} twice: it does not describe one "
+                           "tree, so nothing was downloaded. Fix the mirror (or the proxy in "
+                           "front of it) that serves this listing.")
+        seen.add(f.path)
+    parents = set(folders)
+    for f in files:
+        parts = f.path.split("/")[:-1]
+        parents.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    both = sorted(seen & parents)
+    if both:
+        raise HubError(f"the listing names {both[0]!r:.200} as a file and as a folder: it does "
+                       "not describe one tree, so nothing was downloaded. Fix the mirror that "
+                       "serves this listing.")
 
 
 def filter_files(files, allow_patterns=None, ignore_patterns=None):

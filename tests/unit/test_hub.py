@@ -103,6 +103,43 @@ def test_unsafe_listing_paths_are_refused(path):
         hub.parse_tree([{"type": "file", "path": path, "size": 1, "oid": "a" * 40}])
 
 
+def _file(path, oid="a" * 40):
+    return {"type": "file", "path": path, "size": 1, "oid": oid}
+
+
+@pytest.mark.parametrize("listing, said", [
+    # one file twice (issue #32 item 5: two downloads wrote one partial file, the manifest
+    # then said complete), with the same or another hash
+    ([_file("model.safetensors"), _file("model.safetensors")], "'model.safetensors' twice"),
+    ([_file("a/b.json"), _file("c"), _file("a/b.json", "b" * 40)], "'a/b.json' twice"),
+    # a file and a folder at once
+    ([_file("sub"), _file("sub/x.json")], "'sub' as a file and as a folder"),
+    ([_file("sub/x.json"), _file("sub")], "'sub' as a file and as a folder"),
+    ([{"type": "directory", "path": "cfg"}, _file("cfg")], "'cfg' as a file and as a folder"),
+    ([_file("a/b/c"), _file("a/b")], "'a/b' as a file and as a folder"),
+])
+def test_a_listing_that_is_not_one_tree_is_refused(listing, said):
+    with pytest.raises(hub.HubError, match="nothing was downloaded") as exc:
+        hub.parse_tree(listing)
+    assert said in str(exc.value)
+
+
+def test_control_a_listing_of_one_tree_with_folders_passes():
+    listing = [{"type": "directory", "path": "sub"}, _file("sub/x.json"), _file("sub/deeper/y"),
+               _file("subx"), _file("a.json")]
+    assert [f.path for f in hub.parse_tree(listing)] == ["sub/x.json", "sub/deeper/y", "subx", "a.json"]
+
+
+def test_a_refusal_quotes_at_most_200_characters_of_an_entry():
+    huge = {"type": "file", "path": "x.bin", "size": -1, "oid": "a" * 40, "junk": "j" * 10_000_000}
+    with pytest.raises(hub.HubError) as exc:
+        hub.parse_tree([huge])
+    assert len(str(exc.value)) < 600
+    with pytest.raises(hub.HubError) as exc:
+        hub.parse_tree([_file("p" * 5000), _file("p" * 5000)])
+    assert len(str(exc.value)) < 600
+
+
 def test_listing_without_hashes_is_refused():
     with pytest.raises(hub.HubError, match="no usable size/hash"):
         hub.parse_tree([{"type": "file", "path": "x.bin", "size": 3}])
