@@ -19,7 +19,7 @@ from .jsonfile import read_json, write_json
 
 __all__ = [
     "DONE_STEPS", "HELD_STEPS", "LOCK_PATH", "STATE_PATH", "STEPS", "RolloutError",
-    "held_hosts", "held_message", "held_messages", "lock_message", "read_lock", "read_state", "release_lock", "save_state",
+    "held_hosts", "held_message", "held_messages", "lost_report", "lock_message", "read_lock", "read_state", "release_lock", "save_state",
     "take_lock", "write_state",
 ]
 
@@ -102,6 +102,39 @@ def held_hosts(hosts, reads):
 def held_messages(held):
     """held_message for each host of held_hosts()."""
     return [held_message(host, state) for host, state in (held or {}).items()]
+
+
+def last_step_written(facts):
+    """The last step a run wrote on a host, from its registered rollout_state results
+    (__fleet_upgrade_step_<step>, one per step, so the write the host was lost at, an
+    unreachable result, does not hide the one before): the one with the longest history."""
+    best = None
+    for name in STEPS:
+        result = facts.get(f"__fleet_upgrade_step_{name}")
+        state = result.get("rollout_state") if isinstance(result, dict) else None
+        if state and (best is None or len(state.get("history") or []) > len(best.get("history") or [])):
+            best = state
+    return (best or {}).get("step")
+
+
+def lost_report(batches, host, active, hostvars, rollout):
+    """Messages for the hosts of `host`'s batch (from the plan's `batches`) that are no
+    longer in the play (`active`: ansible_play_batch) and were not left out on purpose
+    (their __fleet_upgrade_left_out): Ansible drops a host it cannot reach mid-change. Each
+    names the last step this run wrote on the host (last_step_written), from
+    which the next run resumes it."""
+    batch = next((b for b in batches or [] if host in b), [])
+    out = []
+    for lost in batch:
+        facts = hostvars[lost] if lost in hostvars else {}
+        if lost in (active or []) or facts.get("__fleet_upgrade_left_out"):
+            continue
+        step = last_step_written(facts) or "none yet (it was not drained)"
+        out.append(f"UPGRADE STOPPED after this batch: {lost} became unreachable mid-change in "
+                   f"rollout {rollout}; the last step this run wrote on it: {step}. When {lost} "
+                   "answers again, run playbooks/upgrade.yml again: it resumes the host first "
+                   "(gates, then back in service), and site.yml refuses to touch it until then.")
+    return out
 
 
 # ----------------------------------------------------------------- the lock

@@ -132,6 +132,7 @@ class FilterModule:
             "gpufleet_held_hosts": _wrap(rollout.held_hosts),
             "gpufleet_held_messages": _wrap(rollout.held_messages),
             "gpufleet_held_message": _wrap(rollout.held_message),
+            "gpufleet_lost_report": _wrap(rollout.lost_report),
             "gpufleet_build_record": _wrap(upgrade.build_record),
             "gpufleet_rollback_vars": _wrap(upgrade.rollback_vars),
             "gpufleet_local_url": serve.local_url,

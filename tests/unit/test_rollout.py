@@ -178,3 +178,22 @@ def test_site_refuses_a_host_a_rollout_left_mid_change(tmp_path):
 def test_control_site_touches_a_host_no_rollout_holds(tmp_path, state):
     rc, out = _site_state_play(tmp_path, state)
     assert rc == 0 and "TOUCHED" in out, out
+
+
+def test_a_lost_host_is_named_with_the_last_step_written_on_it():
+    def wrote(step, n):
+        return {"changed": True, "rollout_state": {"step": step, "history": [["r", "x", "t"]] * n}}
+    hostvars = {
+        "a": {},
+        # lost at the write of 'applied': its unreachable result hides nothing
+        "b": {"__fleet_upgrade_step_draining": wrote("draining", 1),
+              "__fleet_upgrade_step_out_of_service": wrote("out_of_service", 2),
+              "__fleet_upgrade_step_applied": {"unreachable": True, "msg": "ssh: connect refused"}},
+        "c": {"__fleet_upgrade_left_out": True},  # left out on purpose, not lost
+        "d": {},  # lost before its drain
+    }
+    report = rollout.lost_report([["x"], ["a", "b", "c", "d"]], "a", ["a"], hostvars, "r-1")
+    assert len(report) == 2
+    assert "b became unreachable mid-change in rollout r-1; the last step this run wrote on it: out_of_service" in report[0]
+    assert "d became unreachable" in report[1] and "none yet (it was not drained)" in report[1]
+    assert rollout.lost_report([["a", "b"]], "a", ["a", "b"], hostvars, "r-1") == []

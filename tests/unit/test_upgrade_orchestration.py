@@ -63,6 +63,11 @@ STANDIN_ROLES = {
          "ansible.builtin.shell": "kill -KILL $(cat {{ standin_kill_pidfile }})",
          "changed_when": False,
          "when": "inventory_hostname ~ ' apply' == standin_kill_at"},
+        # the host becomes unreachable (SSH to a port nothing listens on) from the next task
+        {"name": "Stand-in | Lose the host",
+         "ansible.builtin.set_fact": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1",
+                                      "ansible_port": 9, "ansible_ssh_common_args": "-o ConnectTimeout=2"},
+         "when": "inventory_hostname ~ ' apply' == standin_lose_at"},
     ],
     "vllm_server/tasks/record.yml": [_log("record")],
     "vllm_server/tasks/main.yml": [_log("rollback-deploy")],
@@ -132,7 +137,7 @@ MODULES = {
 
 
 def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), keep=(),
-           fraction=0.5, play_keywords=None, kill_at="", image_gone=()):
+           fraction=0.5, play_keywords=None, kill_at="", image_gone=(), lose_at=""):
     """Write the stand-ins, the fleet's instance list and the inventory; return a
     function that runs upgrade.yml (extra arguments are ansible-playbook's) and returns
     (rc, output, events). The rollout state and lock are real (library/rollout_state.py,
@@ -163,7 +168,7 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), 
     inventory = {"all": {
         "vars": {"standin_events": str(events), "standin_serves_nothing": list(serves_nothing),
                  "standin_compat_refuse": list(compat_refuse), "standin_keep": list(keep),
-                 "standin_kill_at": kill_at, "standin_applied": str(tmp_path / "applied"), "standin_kill_pidfile": str(tmp_path / "controller.pid"),
+                 "standin_kill_at": kill_at, "standin_lose_at": lose_at, "standin_applied": str(tmp_path / "applied"), "standin_kill_pidfile": str(tmp_path / "controller.pid"),
                  "vllm_server_file_sd_path": str(tmp_path / "instances.json"),
                  "vllm_server_api_key": "stand-in-key", "vllm_server_record_path": str(tmp_path / "{{ inventory_hostname }}.json"),
                  "vllm_server_image": "sha256:01d", "vllm_server_vllm_version": "0.32.0",
@@ -359,6 +364,25 @@ def test_a_controller_killed_mid_change_is_resumed_by_the_next_run(tmp_path, kil
     after_kill = run.events()[len(events):]
     assert _of(after_kill, "h2")[-2:] == ["enabled", "record"], after_kill
     assert not (tmp_path / "rollout.lock").exists()
+
+
+def test_a_host_lost_mid_change_is_named_and_ends_the_rollout_after_its_batch(tmp_path):
+    """SSH to h2 is lost during its apply, in the batch [h2, h3]: h3 finishes, the run names
+    h2 with the last step written on it, the later batch [h4, h5] is untouched, the lock is
+    released; the next run (h2 reachable again) resumes h2 first."""
+    run = _fleet(tmp_path, HOSTS, lose_at="h2 apply")
+    rc, out, events = run()
+    assert rc != 0, out
+    assert ("UPGRADE STOPPED after this batch: h2 became unreachable mid-change in rollout "
+            in out and "the last step this run wrote on it: out_of_service" in out), out
+    assert _of(events, "h3")[-2:] == ["enabled", "record"], events
+    assert _of(events, "h4") == [] and _of(events, "h5") == [], events
+    assert _state(tmp_path, "h2")["step"] == "out_of_service"
+    assert not (tmp_path / "rollout.lock").exists(), out
+    rc, out, _ = run("-e", "standin_lose_at=")
+    assert rc == 0, out
+    assert "resume rollout" in out and re.search(r"1\. h2 \(canary\)", out), out
+    assert all(_state(tmp_path, h)["step"] == "recorded" for h in HOSTS)
 
 
 def test_control_without_the_state_a_rerun_leaves_the_applied_host_drained(tmp_path):
