@@ -21,6 +21,8 @@ import re
 import socket
 import time
 
+from . import grammar
+
 __all__ = [
     "COUNTERS", "GatewayError", "NAME_RE", "OK_STATUSES", "backend_name", "host_of_server",
     "backends", "host_view", "load_instances", "parse_show_stat", "plan_gateway",
@@ -41,6 +43,14 @@ _LABELS = ("host", "served_model_name", "port")
 
 class GatewayError(ValueError):
     """The gateway cannot be configured as asked; the message says what to change."""
+
+
+def _checked(check, value, what):
+    """grammar's check of `value`, its refusal as a GatewayError."""
+    try:
+        return check(value, what)
+    except grammar.GrammarError as exc:
+        raise GatewayError(str(exc)) from None
 
 
 # ----------------------------------------------------------------- names
@@ -107,7 +117,11 @@ def load_instances(data, source="the instances file"):
                                "write the file with the vllm_server role")
         address, sep, port = targets[0].rpartition(":")
         if not sep or not address or not port.isdigit() or not 0 < int(port) < 65536:
-            raise GatewayError(f"{where}: target {targets[0]!r} is not ADDRESS:PORT")
+            raise GatewayError(f"{where}: target {targets[0]!r:.120} is not ADDRESS:PORT")
+        # what reaches haproxy.cfg: the address, the served name and the host (issue #32)
+        _checked(grammar.address, address, f"{where}: the target's address")
+        _checked(grammar.served_model_name, labels["served_model_name"], f"{where}: label served_model_name")
+        _checked(grammar.host_name, labels["host"], f"{where}: label host")
         if str(labels["port"]) != port:
             raise GatewayError(f"{where}: label port {labels['port']} differs from the "
                                f"target's port in {targets[0]}")
@@ -127,13 +141,12 @@ def load_instances(data, source="the instances file"):
 
 # ----------------------------------------------------------------- plan
 def _port(value, what):
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().lstrip("-").isdigit():
+        raise GatewayError(f"{what}: {value!r:.80} is not a port number")
     try:
-        port = int(value)
-    except (TypeError, ValueError):
-        raise GatewayError(f"{what}: {value!r} is not a port number") from None
-    if not 0 < port < 65536:
-        raise GatewayError(f"{what}: {port} is not a TCP port (1-65535)")
-    return port
+        return grammar.port(str(value).strip(), what)
+    except grammar.GrammarError:
+        raise GatewayError(f"{what}: {value} is not a TCP port (1-65535)") from None
 
 
 def plan_gateway(instances, frontends, metrics_port):
@@ -154,7 +167,8 @@ def plan_gateway(instances, frontends, metrics_port):
     for index, frontend in enumerate(frontends):
         if not isinstance(frontend, dict) or not str(frontend.get("served_model_name") or "").strip():
             raise GatewayError(f"vllm_gateway_frontends[{index}] needs served_model_name and port")
-        model = str(frontend["served_model_name"])
+        model = _checked(grammar.served_model_name, frontend["served_model_name"],
+                         f"vllm_gateway_frontends[{index}] served_model_name")
         port = _port(frontend.get("port"), f"vllm_gateway_frontends[{index}] ({model}) port")
         if port in ports:
             raise GatewayError(f"port {port} of the frontend for {model} is already taken by "

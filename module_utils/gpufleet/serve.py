@@ -18,6 +18,8 @@ import re
 import socket
 import time
 
+from . import grammar
+
 __all__ = [
     "ARGS_CHECK_MODEL", "CACHE_ENV", "CACHE_MOUNT", "CONTAINER_PORT", "DIAGNOSES",
     "LABEL_PREFIX", "NotReady", "PlanError", "args_check_command", "args_check_hash",
@@ -232,6 +234,12 @@ def registry_entry(instance, host, address):
     its targets, the gateway (vllm_gateway) builds its backends from it, the summary and
     the upgrade playbook read it. One entry per instance; label values are strings.
     """
+    try:  # the list feeds HAProxy's and Prometheus' configuration (issue #32)
+        grammar.address(address, f"the address of {str(host)[:120]!r}")
+        grammar.host_name(host, "the instance's host")
+        grammar.served_model_name(instance["served_model_name"])
+    except grammar.GrammarError as exc:
+        raise PlanError(str(exc)) from None
     return {"targets": [target(address, instance["port"])],
             "labels": {"host": str(host), "container": instance["name"],
                        "model": str(instance["model"]),
@@ -362,10 +370,10 @@ def _device_groups(gpu_indexes, tp, replicas_allowed, runtime):
 
 def _tcp_port(value, what):
     """A TCP port (1-65535) from an int or a string of digits; PlanError naming `what`."""
-    text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise PlanError(f"{what} {value!r} is not a TCP port: use an integer from 1 to 65535")
-    return int(text)
+    try:
+        return grammar.port(value.strip() if isinstance(value, str) else value, what)
+    except grammar.GrammarError:
+        raise PlanError(f"{what} {value!r} is not a TCP port: use an integer from 1 to 65535") from None
 
 
 def _check_bind_address(address):
@@ -449,7 +457,6 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
     settings = tune.get("settings") or {}
     args = list(tune.get("args") or [])
     tp = int(settings.get("tensor_parallel_size") or 1)
-    served = str(model.get("served_model_name") or model["name"])
     indexes = [int(i) for i in (model.get("gpus") if model.get("gpus") is not None
                                 else gpu_indexes)]
     replicas_allowed = bool(model.get("replicas", allow_replicas))
@@ -461,6 +468,11 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
                         f"to {port + len(groups) - 1}, above 65535: give it a lower `port`")
     _check_bind_address(bind_address)
     mount = f"{model_mount_root.rstrip('/')}/{slug(model['name'])}"
+    try:  # it is written into the fleet's list, HAProxy's and Prometheus' files (issue #32)
+        served = grammar.served_model_name(model.get("served_model_name") or model["name"],
+                                           f"served_model_name of model {str(model['name'])[:120]!r}")
+    except grammar.GrammarError as exc:
+        raise PlanError(str(exc)) from None
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     env.update({str(k): str(v) for k, v in (base_env or {}).items()})
     env.update({str(k): str(v) for k, v in (settings.get("env") or {}).items()})
