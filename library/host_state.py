@@ -113,6 +113,7 @@ ansible_facts:
 
 import datetime
 import json
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet.gpu import (
@@ -157,7 +158,10 @@ def _run(module):
 
 def run(module, params, check_mode, gpus):
     path = params["path"]
-    before = read_json(path, {}, "remove it: the next site.yml run writes it again")
+    # trusted only when it is the module's user's (root's) and no one else may write it:
+    # its published facts (instance URLs) feed later plays (issue #32 item 6)
+    before = read_json(path, {}, "remove it: the next site.yml run writes it again",
+                       owner=os.geteuid())
     result = {"changed": False, "reasons": [], "recorded_at": before.get("recorded_at", "")}
     if params["state"] == "check":
         if not before:

@@ -58,6 +58,7 @@ instances:
 """
 
 import json
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet.jsonfile import read_json, write_json
@@ -65,7 +66,10 @@ from ansible.module_utils.gpufleet.serve import merge_registry
 
 
 def run(params, check_mode):
-    before = read_json(params["path"], [], "fix or remove it (site.yml writes it again)")
+    # the gateway and Prometheus are built from it: trusted only when it is this user's and
+    # no one else may write it (issue #32 item 6)
+    before = read_json(params["path"], [], "fix or remove it (site.yml writes it again)",
+                       owner=os.geteuid())
     updates = {}
     for plan in params["plans"]:
         if not plan.get("host") or "instances" not in plan:

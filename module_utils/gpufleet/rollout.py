@@ -59,9 +59,11 @@ def _check_id(rollout):
 
 def read_state(path=STATE_PATH):
     """The host's rollout state ({} when no rollout ever touched it), with "held": True
-    when a rollout left it before the end of its change (a step of HELD_STEPS)."""
+    when a rollout left it before the end of its change (a step of HELD_STEPS). Trusted
+    only when it belongs to the user reading it (root under become) and no one else may
+    write it (issue #32 item 6): another user could otherwise hold or free a host."""
     state = read_json(path, {}, "move it aside; then run playbooks/upgrade.yml, which "
-                      "re-checks every gate of the host")
+                      "re-checks every gate of the host", owner=os.geteuid())
     if state and state.get("step") not in STEPS:
         raise RolloutError(f"{path} names an unknown step {state.get('step')!r}; move it "
                            "aside and run playbooks/upgrade.yml again")
@@ -140,7 +142,8 @@ def lost_report(batches, host, active, hostvars, rollout):
 # ----------------------------------------------------------------- the lock
 def read_lock(path=LOCK_PATH):
     return read_json(path, {}, "it is the rollout lock: if no rollout runs, remove it, or "
-                     "run playbooks/upgrade.yml with -e fleet_upgrade_break_lock=<its rollout id>")
+                     "run playbooks/upgrade.yml with -e fleet_upgrade_break_lock=<its rollout id>",
+                     owner=os.geteuid())
 
 
 def lock_message(lock, path=LOCK_PATH):

@@ -305,3 +305,16 @@ def test_module_a_host_a_rollout_left_mid_change_is_held_and_never_unchanged(mod
         assert result["rollout_state"]["step"] == step
         if held:
             assert result["reasons"] == ["a rollout left it mid-change (rollout r-3, step out_of_service)"]
+
+
+def test_module_a_record_others_may_write_is_refused(module_host, monkeypatch):
+    """#32 item 6: its published facts (instance URLs) feed later plays; control: 0600 passes."""
+    _, _, record, base = module_host
+    run_module(host_state.main, dict(base, state="record", inputs_digest=DIGEST,
+                                     published=PUBLISHED), monkeypatch)
+    record.chmod(0o646)
+    result, failed = run_module(host_state.main, dict(base, state="check", inputs_digest=DIGEST), monkeypatch)
+    assert failed and str(record) in result["msg"]
+    record.chmod(0o600)
+    result, failed = run_module(host_state.main, dict(base, state="check", inputs_digest=DIGEST), monkeypatch)
+    assert not failed and result["unchanged"] is True

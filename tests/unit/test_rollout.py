@@ -197,3 +197,17 @@ def test_a_lost_host_is_named_with_the_last_step_written_on_it():
     assert "b became unreachable mid-change in rollout r-1; the last step this run wrote on it: out_of_service" in report[0]
     assert "d became unreachable" in report[1] and "none yet (it was not drained)" in report[1]
     assert rollout.lost_report([["a", "b"]], "a", ["a", "b"], hostvars, "r-1") == []
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o620, 0o602], ids=oct)
+def test_state_and_lock_files_others_may_write_are_refused(tmp_path, mode):
+    """#32 item 6: another user could hold or free a host, or take the lock."""
+    for name, read in (("s.json", rollout.read_state), ("lock", rollout.read_lock)):
+        path = tmp_path / name
+        path.write_text(json.dumps({"version": 1, "rollout": "r", "step": "recorded", "at": "t",
+                                    "history": []}))
+        path.chmod(mode)
+        with pytest.raises(ValueError, match="writable|write"):
+            read(str(path))
+        path.chmod(0o600)  # control: the same file, private
+        assert read(str(path))["rollout"] == "r"

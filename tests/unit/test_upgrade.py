@@ -278,6 +278,22 @@ def _plan(host, ports):
         "runner": "generate", "port": str(p)}}} for p in ports]}
 
 
+def test_vllm_instances_refuses_a_list_others_may_write(tmp_path, monkeypatch):
+    """#32 item 6: the gateway and Prometheus are built from it; control: 0644 passes."""
+    import vllm_instances
+    path = tmp_path / "instances.json"
+    path.write_text("[]")
+    path.chmod(0o666)
+    result, failed = run_module(vllm_instances.main, {"path": str(path), "plans": [_plan("a", [1])]},
+                                monkeypatch)
+    assert failed and str(path) in result["msg"] and "write" in result["msg"]
+    assert path.read_text() == "[]"
+    path.chmod(0o644)
+    result, failed = run_module(vllm_instances.main, {"path": str(path), "plans": [_plan("a", [1])]},
+                                monkeypatch)
+    assert not failed and result["changed"]
+
+
 def test_vllm_instances_merges_and_changes_only_when_the_fleet_does(tmp_path, monkeypatch):
     import vllm_instances
     path = str(tmp_path / "instances.json")
