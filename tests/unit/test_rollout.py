@@ -211,3 +211,22 @@ def test_state_and_lock_files_others_may_write_are_refused(tmp_path, mode):
             read(str(path))
         path.chmod(0o600)  # control: the same file, private
         assert read(str(path))["rollout"] == "r"
+
+
+def test_host_keys_are_checked_except_in_the_lab():
+    """#32 item 7: ansible.cfg checks SSH host keys; only the lab's inventory opts out, and
+    no other inventory or group_vars file turns it off."""
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "ansible.cfg")
+    assert cfg.getboolean("defaults", "host_key_checking") is True
+    lab = ROOT / "inventories" / "lab" / "group_vars" / "lab_hosts" / "connection.yml"
+    assert yaml.safe_load(lab.read_text())["ansible_host_key_checking"] is False
+    offenders = []
+    for path in (ROOT / "inventories").rglob("*.yml"):
+        if path.resolve() == lab.resolve():
+            continue
+        text = path.read_text()
+        if "StrictHostKeyChecking=no" in text or "host_key_checking: false" in text.lower():
+            offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
