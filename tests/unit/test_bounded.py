@@ -1,0 +1,311 @@
+"""Every read bounded, every wait with a deadline (module_utils/gpufleet/bounded.py).
+
+Real peers on this machine: an HTTP server on 127.0.0.1 and a Unix-socket server (the
+stand-in for HAProxy's admin socket), each in a thread, that
+(a) send a huge answer (200 MB, generated as it is sent, never held by the server): the
+    read must stop at its cap with the clear error, its peak memory (tracemalloc, every
+    thread) below twice the cap;
+(b) drip one byte every 0.2 s for ever: the call must end within its deadline plus
+    MARGIN s of wall time (time.monotonic);
+(c) answer normally: the result is what it was before.
+Per class (admin socket, /metrics, the readiness gate, the Packages index) one control
+runs the old code (whole reads, per-read timeouts only) against a short drip (12 bytes
+over 2.4 s: it ends by itself) and an answer of twice the cap plus 1 MiB: it outlives the
+deadline, and its peak passes twice the cap. Each test prints its wall time and peak
+memory (pytest -s shows them).
+"""
+import functools
+import gzip
+import http.server
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import tracemalloc
+import urllib.request
+import zlib
+
+import pytest
+import requests
+
+from conftest import FIXTURES
+from gpufleet import bounded, gateway, serve, upgrade
+from gpufleet.bounded import BoundError
+from helpers import run_module
+
+HUGE = 200_000_000  # bytes a huge answer announces and would send
+BLOCK = b"x" * (64 << 10)
+DRIP = 0.2  # seconds between two dripped bytes
+SHORT_DRIP = 12  # bytes of the controls' drip: 2.4 s, then the answer is complete
+DEADLINE = 1.0  # seconds the tests give a dripped read
+MARGIN = 0.5  # seconds a bounded call may end after its deadline
+MiB = 1 << 20
+STAT = (FIXTURES / "haproxy" / "show-stat-2.6.12.csv").read_text()
+
+
+def measure(label, call):
+    """(result or None, exception or None, wall s, peak bytes) of call(); printed."""
+    tracemalloc.start()
+    start = time.monotonic()
+    result = error = None
+    try:
+        result = call()
+    except Exception as exc:  # noqa: BLE001 - the tests look at it
+        error = exc
+    wall = time.monotonic() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    if error is not None:
+        said = f"{type(error).__name__}: {error}"
+    elif isinstance(result, tuple) and result[1]:  # run_module's (result, failed)
+        said = f"module failed: {result[0]['msg']}"
+    else:
+        said = "returned"
+    print(f"\n[{label}] wall {wall:.2f} s, peak {peak / MiB:.1f} MiB, {said[:200]}")
+    return result, error, wall, peak
+
+
+# ----------------------------------------------------------------- the peers
+def huge_chunks(total=HUGE):
+    sent = 0
+    while sent < total:
+        block = BLOCK if total - sent >= len(BLOCK) else BLOCK[:total - sent]
+        sent += len(block)
+        yield block
+
+
+class Peer(http.server.BaseHTTPRequestHandler):
+    """routes: {path: (kind, arg)}; kind "huge" (arg: bytes), "drip" (arg: bytes, None
+    for ever), "body" (arg: (status, bytes, headers))."""
+    protocol_version = "HTTP/1.1"
+    routes = {}
+    stop = threading.Event()
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
+
+    def do_GET(self):
+        kind, arg = self.routes.get(self.path, ("body", (404, b"", {})))
+        try:
+            if kind == "body":
+                status, data, headers = arg
+                self.send_response(status)
+                for name, value in dict({"Content-Length": str(len(data))}, **headers).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+            elif kind == "huge":
+                self.send_response(200)
+                self.send_header("Content-Length", str(arg))
+                self.end_headers()
+                for block in huge_chunks(arg):
+                    if self.stop.is_set():
+                        break
+                    self.wfile.write(block)
+            elif kind == "drip":
+                self.send_response(200)
+                self.send_header("Content-Length", str(arg or HUGE))
+                self.end_headers()
+                sent = 0
+                while (arg is None or sent < arg) and not self.stop.is_set():
+                    self.wfile.write(b"#")
+                    sent += 1
+                    time.sleep(DRIP)
+            elif kind == "drip-headers":
+                for byte in b"HTTP/1.1 200 OK\r\nX-Drip: " + b"d" * 10000:
+                    if self.stop.is_set():
+                        break
+                    self.wfile.write(bytes([byte]))
+                    time.sleep(DRIP)
+        except OSError:  # the reader stopped reading and hung up
+            pass
+        self.close_connection = True
+
+
+@pytest.fixture
+def peer():
+    """(base URL, routes) of a loopback HTTP server that sends what the routes say."""
+    Peer.routes, Peer.stop = {}, threading.Event()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Peer)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", Peer.routes
+    Peer.stop.set()
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def admin_socket():
+    """HAProxy's admin socket stand-in: reads the command, then answer(conn, stop)."""
+    folder = tempfile.mkdtemp(prefix="gf-sock-")  # short: AF_UNIX paths are short
+    path = os.path.join(folder, "admin.sock")
+    state = {"answer": None, "commands": []}
+    stop = threading.Event()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+
+    def handle(conn):
+        with conn:
+            try:
+                conn.settimeout(5)
+                state["commands"].append(conn.recv(100))
+                conn.settimeout(None)
+                state["answer"](conn, stop)
+            except OSError:  # the reader hung up
+                pass
+
+    def accept():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield path, state
+    stop.set()
+    server.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def sock_huge(total):
+    def answer(conn, stop):
+        for block in huge_chunks(total):
+            if stop.is_set():
+                return
+            conn.sendall(block)
+    return answer
+
+
+def sock_drip(count=None):
+    def answer(conn, stop):
+        sent = 0
+        while (count is None or sent < count) and not stop.is_set():
+            conn.sendall(b"#")
+            sent += 1
+            time.sleep(DRIP)
+    return answer
+
+
+def sock_text(text):
+    return lambda conn, stop: conn.sendall(text.encode())
+
+
+# ----------------------------------------------------------------- the old code (controls)
+def old_read_show_stat(path, timeout=5.0):
+    """gateway.read_show_stat before bounded.py: whole answer, per-recv timeout only."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        sock.sendall(b"show stat\n")
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        sock.close()
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def old_get(url, timeout):
+    """upgrade.wait_idle's and serve.wait_ready's GET before bounded.py."""
+    resp = requests.Session().get(url, timeout=timeout)
+    return resp.text
+
+
+def old_fetch(url, timeout):
+    """nvidia_repo_info's and nvidia_driver_plan's fetch before bounded.py."""
+    from ansible.module_utils.urls import open_url
+    return open_url(url, timeout=timeout).read()
+
+
+def assert_outlives(label, call, deadline=DEADLINE):
+    """The old code against the short drip: it takes the whole drip, past the deadline."""
+    result, error, wall, _ = measure(label, call)
+    assert error is None and len(result) == SHORT_DRIP
+    assert wall > deadline + MARGIN and wall >= SHORT_DRIP * DRIP * 0.9
+
+
+def assert_peaks(label, call, cap):
+    """The old code against 2 x cap + 1 MiB: it holds it all, its peak past 2 x cap."""
+    result, error, _, peak = measure(label, call)
+    assert error is None and len(result) == 2 * cap + MiB
+    assert peak > 2 * cap
+
+
+# ----------------------------------------------------------------- bounded.py itself
+def gzip_bomb(total=HUGE):
+    """gzip of `total` zero bytes, made a block at a time (about 200 KB for 200 MB)."""
+    z, out, zeros = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS), [], bytes(MiB)
+    for _ in range(total // MiB):
+        out.append(z.compress(zeros))
+    out.append(z.flush())
+    return b"".join(out)
+
+
+def test_a_gzip_bomb_is_cut_at_the_cap_decoded(peer):
+    url, routes = peer
+    routes["/bomb"] = ("body", (200, gzip_bomb(), {"Content-Encoding": "gzip"}))
+    _, error, _, peak = measure("gzip bomb (200 MB decoded), cap 4 MiB", lambda: (
+        bounded.http_request(requests.Session(), "GET", f"{url}/bomb", 4 * MiB, 10)))
+    assert isinstance(error, BoundError) and error.kind == "cap" and peak < 8 * MiB
+
+
+def test_bytes_after_a_gzip_body_count_against_the_cap(peer):
+    url, routes = peer
+    body = gzip.compress(b"ok") + bytes(8 * MiB)
+    routes["/junk"] = ("body", (200, body, {"Content-Encoding": "gzip"}))
+    _, error, _, peak = measure("gzip body + 8 MiB after its end, cap 1 MiB", lambda: (
+        bounded.http_request(requests.Session(), "GET", f"{url}/junk", MiB, 10)))
+    assert isinstance(error, BoundError) and error.kind == "cap"
+    assert peak < 4 * MiB  # the 8 MiB were sent by this process's server thread
+
+
+def test_dripped_headers_end_at_the_deadline(peer):
+    url, routes = peer
+    routes["/slow-headers"] = ("drip-headers", None)
+    _, error, wall, _ = measure("status line and headers dripped", lambda: (
+        bounded.http_request(requests.Session(), "GET", f"{url}/slow-headers", MiB, DEADLINE)))
+    assert isinstance(error, BoundError) and error.kind == "deadline"
+    assert "0 bytes read by then" in str(error)
+    assert DEADLINE <= wall < DEADLINE + MARGIN
+    _, error, wall, _ = measure("status line and headers dripped, open_capped", lambda: (
+        bounded.open_capped(urllib.request.urlopen, f"{url}/slow-headers", MiB, DEADLINE)))
+    assert isinstance(error, BoundError) and DEADLINE <= wall < DEADLINE + MARGIN
+
+
+def test_the_peers_own_errors_pass_unchanged():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(requests.ConnectionError):
+        bounded.http_request(requests.Session(), "GET", f"http://127.0.0.1:{port}/", MiB, 5)
+    with pytest.raises(OSError):
+        bounded.open_capped(urllib.request.urlopen, f"http://127.0.0.1:{port}/", MiB, 5)
+    with pytest.raises(BoundError, match="Content-Encoding 'br'"):
+        bounded.Decoder("br", "http://x/")
+
+
+def test_read_capped_and_join_capped_on_plain_callables():
+    chunks = iter([b"ab", b"cd", b""])
+    assert bounded.read_capped(lambda n: next(chunks), 4, bounded.Deadline(5, "t")) == b"abcd"
+    chunks = iter([b"ab", b"cde", b""])
+    with pytest.raises(BoundError, match=r"^t sent more than 4 bytes \(the cap on this answer\)"):
+        bounded.read_capped(lambda n: next(chunks), 4, bounded.Deadline(5, "t"))
+    assert bounded.join_capped([b"ab", b"cd"], 4, "t") == b"abcd"
+    with pytest.raises(BoundError, match="sent more than 1 KiB"):
+        bounded.join_capped(iter(functools.partial(bytes, 512), None), 1024, "t")
+    with pytest.raises(BoundError, match=r"within 0 s \(the deadline"):
+        bounded.read_capped(lambda n: b"x", 4, bounded.Deadline(0, "t"))
