@@ -245,6 +245,50 @@ def assert_peaks(label, call, cap):
     assert peak > 2 * cap
 
 
+# ----------------------------------------------------------------- HAProxy's admin socket
+def test_admin_socket_huge_answer_stops_at_the_cap(admin_socket):
+    path, state = admin_socket
+    state["answer"] = sock_huge(HUGE)
+    _, error, wall, peak = measure("admin socket, 200 MB answer",
+                                   lambda: gateway.read_show_stat(path, timeout=30))
+    assert isinstance(error, gateway.GatewayError)
+    assert f"HAProxy's stats socket {path} sent more than 16 MiB (the cap" in str(error)
+    assert "vllm_gateway_stats_socket" in str(error)
+    assert peak < 2 * gateway.SHOW_STAT_MAX_BYTES
+
+
+def test_admin_socket_drip_ends_at_the_deadline(admin_socket):
+    path, state = admin_socket
+    state["answer"] = sock_drip()
+    _, error, wall, _ = measure("admin socket, drip for ever",
+                                lambda: gateway.read_show_stat(path, timeout=DEADLINE))
+    assert isinstance(error, gateway.GatewayError)
+    assert f"{path} did not answer in full within 1 s (the deadline" in str(error)
+    assert DEADLINE <= wall < DEADLINE + MARGIN
+
+
+def test_admin_socket_normal_answer_is_read_as_before(admin_socket):
+    path, state = admin_socket
+    state["answer"] = sock_text(STAT)
+    text, error, _, _ = measure("admin socket, normal answer",
+                                lambda: gateway.read_show_stat(path))
+    assert error is None and text == STAT == old_read_show_stat(path)
+    assert state["commands"] == [b"show stat\n", b"show stat\n"]
+
+
+def test_admin_socket_control_old_read(admin_socket):
+    path, state = admin_socket
+    state["answer"] = sock_drip(SHORT_DRIP)
+    assert_outlives("admin socket, old read, short drip",
+                    lambda: old_read_show_stat(path, timeout=DEADLINE))
+    _, error, wall, _ = measure("admin socket, bounded read, short drip",
+                                lambda: gateway.read_show_stat(path, timeout=DEADLINE))
+    assert isinstance(error, gateway.GatewayError) and wall < DEADLINE + MARGIN
+    state["answer"] = sock_huge(2 * gateway.SHOW_STAT_MAX_BYTES + MiB)
+    assert_peaks("admin socket, old read, 33 MiB answer", lambda: old_read_show_stat(path),
+                 gateway.SHOW_STAT_MAX_BYTES)
+
+
 # ----------------------------------------------------------------- bounded.py itself
 def gzip_bomb(total=HUGE):
     """gzip of `total` zero bytes, made a block at a time (about 200 KB for 200 MB)."""
