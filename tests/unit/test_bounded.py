@@ -289,6 +289,63 @@ def test_admin_socket_control_old_read(admin_socket):
                  gateway.SHOW_STAT_MAX_BYTES)
 
 
+# ----------------------------------------------------------------- /metrics (idle wait)
+def test_metrics_huge_answer_stops_at_the_cap(peer):
+    url, routes = peer
+    routes["/metrics"] = ("huge", HUGE)
+    _, error, _, peak = measure("/metrics, 200 MB answer",
+                                lambda: upgrade.read_metrics(requests.Session(), url))
+    assert isinstance(error, BoundError) and error.kind == "cap"
+    assert f"{url}/metrics sent more than 16 MiB (the cap on this answer)" in str(error)
+    assert peak < 2 * upgrade.METRICS_MAX_BYTES
+    _, error, _, peak = measure("/metrics, 200 MB answer, idle wait", lambda: upgrade.wait_idle(
+        requests.Session(), url, timeout=0.5, interval=0.1))
+    assert isinstance(error, upgrade.UpgradeError)
+    assert "did not become idle within 0.5s (last: BoundError:" in str(error)
+    assert "sent more than 16 MiB" in str(error)
+    assert peak < 2 * upgrade.METRICS_MAX_BYTES
+
+
+def test_metrics_drip_ends_the_idle_wait_at_its_deadline(peer, monkeypatch):
+    url, routes = peer
+    routes["/metrics"] = ("drip", None)
+    monkeypatch.setattr(upgrade, "METRICS_TIMEOUT", DEADLINE)  # 10 s in production
+    _, error, wall, _ = measure("/metrics, drip for ever, idle wait", lambda: upgrade.wait_idle(
+        requests.Session(), url, timeout=1, interval=0.1))
+    assert isinstance(error, upgrade.UpgradeError)
+    assert f"{url}/metrics did not answer in full within 1 s (the deadline" in str(error)
+    assert DEADLINE <= wall < DEADLINE + MARGIN
+
+
+def test_metrics_normal_answers_are_read_as_before(peer):
+    url, routes = peer
+    text = ('# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
+            'vllm:num_requests_running{model_name="m"} 0.0\n'
+            'vllm:num_requests_waiting{model_name="m"} 0.0\n')
+    routes["/metrics"] = ("body", (200, text.encode(), {"Content-Type": "text/plain"}))
+    resp, error, _, _ = measure("/metrics, normal answer",
+                                lambda: upgrade.read_metrics(requests.Session(), url))
+    assert error is None and resp.status_code == 200 and resp.text == text == old_get(
+        f"{url}/metrics", 10)
+    # prometheus_client gzips /metrics for a client that accepts it, as requests does
+    routes["/metrics"] = ("body", (200, gzip.compress(text.encode()),
+                                   {"Content-Encoding": "gzip", "Content-Type": "text/plain"}))
+    assert upgrade.read_metrics(requests.Session(), url).text == text
+    assert upgrade.wait_idle(requests.Session(), url, timeout=5)["polls"] == 1
+
+
+def test_metrics_control_old_read(peer):
+    url, routes = peer
+    routes["/metrics"] = ("drip", SHORT_DRIP)
+    assert_outlives("/metrics, old read, short drip", lambda: old_get(f"{url}/metrics", 10))
+    _, error, wall, _ = measure("/metrics, bounded read, short drip", lambda: upgrade.read_metrics(
+        requests.Session(), url, DEADLINE))
+    assert isinstance(error, BoundError) and wall < DEADLINE + MARGIN
+    routes["/metrics"] = ("huge", 2 * upgrade.METRICS_MAX_BYTES + MiB)
+    assert_peaks("/metrics, old read, 33 MiB answer", lambda: old_get(f"{url}/metrics", 10),
+                 upgrade.METRICS_MAX_BYTES)
+
+
 # ----------------------------------------------------------------- bounded.py itself
 def gzip_bomb(total=HUGE):
     """gzip of `total` zero bytes, made a block at a time (about 200 KB for 200 MB)."""
