@@ -346,6 +346,73 @@ def test_metrics_control_old_read(peer):
                  upgrade.METRICS_MAX_BYTES)
 
 
+# ----------------------------------------------------------------- the readiness gate
+MODELS = b'{"object": "list", "data": [{"id": "tiny", "object": "model"}]}'
+COMPLETION = b'{"choices": [{"text": " world", "index": 0}], "usage": {"completion_tokens": 1}}'
+STAGES = {"health": "/health", "models": "/v1/models", "request": "/v1/completions"}
+
+
+def ready_routes(routes):
+    routes.update({"/health": ("body", (200, b"", {})),
+                   "/v1/models": ("body", (200, MODELS, {"Content-Type": "application/json"})),
+                   "/v1/completions": ("body", (200, COMPLETION,
+                                                {"Content-Type": "application/json"}))})
+
+
+def gate(url, **kw):
+    opts = dict({"timeout": DEADLINE, "interval": 0.05}, **kw)
+    return serve.wait_ready(requests.Session(), url, "key", "tiny", **opts)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_readiness_huge_answer_stops_at_the_cap(peer, stage):
+    url, routes = peer
+    ready_routes(routes)
+    routes[STAGES[stage]] = ("huge", HUGE)
+    cap = serve.REQUEST_MAX_BYTES if stage == "request" else serve.READY_MAX_BYTES
+    _, error, _, peak = measure(f"readiness {STAGES[stage]}, 200 MB answer",
+                                lambda: gate(url, timeout=0.5))
+    assert isinstance(error, serve.NotReady) and error.stage == stage
+    assert f"{url}{STAGES[stage]} sent more than {cap // MiB} MiB (the cap" in error.detail
+    assert peak < 2 * cap
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_readiness_drip_ends_at_the_deadline(peer, stage, monkeypatch):
+    url, routes = peer
+    ready_routes(routes)
+    routes[STAGES[stage]] = ("drip", None)
+    monkeypatch.setattr(serve, "READY_POLL_TIMEOUT", DEADLINE)  # 10 s in production
+    _, error, wall, _ = measure(f"readiness {STAGES[stage]}, drip for ever",
+                                lambda: gate(url, request_timeout=DEADLINE))
+    assert isinstance(error, serve.NotReady) and error.stage == stage
+    assert f"{url}{STAGES[stage]} did not answer in full within 1 s" in error.detail
+    assert DEADLINE <= wall < DEADLINE + MARGIN
+
+
+def test_readiness_normal_answers_pass_as_before(peer):
+    url, routes = peer
+    ready_routes(routes)
+    routes["/v1/models"] = ("body", (200, gzip.compress(MODELS),
+                                     {"Content-Encoding": "gzip",
+                                      "Content-Type": "application/json"}))
+    result, error, _, _ = measure("readiness, normal answers", lambda: gate(
+        url, warmup_requests=2))
+    assert error is None and list(result["stages"]) == ["health", "models", "request"]
+    assert result["response"] == {"text": " world", "usage": {"completion_tokens": 1}}
+    assert result["warmup_requests"] == 2
+
+
+def test_readiness_control_old_read(peer):
+    url, routes = peer
+    routes["/health"] = ("drip", SHORT_DRIP)
+    assert_outlives("readiness /health, old read, short drip",
+                    lambda: old_get(f"{url}/health", 10))
+    routes["/health"] = ("huge", 2 * serve.READY_MAX_BYTES + MiB)
+    assert_peaks("readiness /health, old read, 9 MiB answer",
+                 lambda: old_get(f"{url}/health", 10), serve.READY_MAX_BYTES)
+
+
 # ----------------------------------------------------------------- bounded.py itself
 def gzip_bomb(total=HUGE):
     """gzip of `total` zero bytes, made a block at a time (about 200 KB for 200 MB)."""
