@@ -413,6 +413,72 @@ def test_readiness_control_old_read(peer):
                  lambda: old_get(f"{url}/health", 10), serve.READY_MAX_BYTES)
 
 
+# ----------------------------------------------------------------- the Packages index
+def repo_args(module_name, url, timeout=15):
+    common = {"distribution": "Debian", "distribution_version": "12",
+              "architecture": "x86_64", "repo_url": f"{url}/repo/", "trusted": True,
+              "timeout": timeout}
+    if module_name == "nvidia_repo_info":
+        return dict(common, component="container_toolkit",
+                    packages=["nvidia-container-toolkit"],
+                    setting="container_toolkit_repo_url")
+    return dict(common, branch="580", kernel_module="open", devices=[])
+
+
+@pytest.mark.parametrize("module_name", ["nvidia_repo_info", "nvidia_driver_plan"])
+def test_packages_huge_index_stops_at_the_cap(peer, module_name, monkeypatch):
+    from gpufleet import hoststack
+    module = __import__(module_name)
+    url, routes = peer
+    routes["/repo/Packages"] = ("huge", HUGE)
+    (result, failed), error, _, peak = measure(
+        f"{module_name} Packages, 200 MB answer",
+        lambda: run_module(module.main, repo_args(module_name, url, timeout=60), monkeypatch))
+    assert error is None and failed
+    assert f"{url}/repo/Packages sent more than 64 MiB (the cap" in result["msg"]
+    assert "Nothing was changed" in result["msg"]
+    assert peak < 2 * hoststack.REPOSITORY_MAX_BYTES
+
+
+@pytest.mark.parametrize("module_name", ["nvidia_repo_info", "nvidia_driver_plan"])
+def test_packages_drip_ends_at_the_modules_timeout(peer, module_name, monkeypatch):
+    module = __import__(module_name)
+    url, routes = peer
+    routes["/repo/Packages"] = ("drip", None)
+    (result, failed), error, wall, _ = measure(
+        f"{module_name} Packages, drip for ever",
+        lambda: run_module(module.main, repo_args(module_name, url, timeout=1), monkeypatch))
+    assert error is None and failed
+    assert f"{url}/repo/Packages did not answer in full within 1 s" in result["msg"]
+    assert DEADLINE <= wall < DEADLINE + MARGIN
+
+
+def test_packages_normal_index_is_read_as_before(peer, monkeypatch):
+    import nvidia_repo_info
+    url, routes = peer
+    index = (b"Package: nvidia-container-toolkit\nVersion: 1.17.8-1\nArchitecture: amd64\n\n"
+             b"Package: nvidia-container-toolkit\nVersion: 1.18.0-1\nArchitecture: amd64\n\n")
+    routes["/repo/Packages"] = ("body", (200, index, {}))
+    (result, failed), error, _, _ = measure(
+        "nvidia_repo_info Packages, normal answer",
+        lambda: run_module(nvidia_repo_info.main, repo_args("nvidia_repo_info", url), monkeypatch))
+    assert error is None and not failed
+    assert result["available"] == {"nvidia-container-toolkit": ["1.17.8-1", "1.18.0-1"]}
+    assert old_fetch(f"{url}/repo/Packages", 15) == index
+
+
+def test_packages_control_old_read(peer):
+    from gpufleet import hoststack
+    url, routes = peer
+    routes["/repo/Packages"] = ("drip", SHORT_DRIP)
+    assert_outlives("Packages, old read, short drip",
+                    lambda: old_fetch(f"{url}/repo/Packages", DEADLINE))
+    cap = hoststack.REPOSITORY_MAX_BYTES
+    routes["/repo/Packages"] = ("huge", 2 * cap + MiB)
+    assert_peaks("Packages, old read, 129 MiB answer",
+                 lambda: old_fetch(f"{url}/repo/Packages", 60), cap)
+
+
 # ----------------------------------------------------------------- bounded.py itself
 def gzip_bomb(total=HUGE):
     """gzip of `total` zero bytes, made a block at a time (about 200 KB for 200 MB)."""
