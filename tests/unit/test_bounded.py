@@ -479,6 +479,22 @@ def test_packages_control_old_read(peer):
                  lambda: old_fetch(f"{url}/repo/Packages", 60), cap)
 
 
+# ----------------------------------------------------------------- the bench result
+def test_bench_result_archive_is_capped():
+    import vllm_bench
+
+    class Container:
+        def get_archive(self, path):
+            return huge_chunks(), {}
+
+    _, error, _, peak = measure("vllm_bench result archive, 200 MB stream",
+                                lambda: vllm_bench._read_result(Container(), "/r/result.json"))
+    # vllm_bench has bounded.py as Ansible ships it (ansible.module_utils.gpufleet)
+    assert type(error).__name__ == "BoundError" and isinstance(error, ValueError)
+    assert "the bench container's /r/result.json sent more than 16 MiB" in str(error)
+    assert peak < 2 * vllm_bench.RESULT_MAX_BYTES
+
+
 # ----------------------------------------------------------------- bounded.py itself
 def gzip_bomb(total=HUGE):
     """gzip of `total` zero bytes, made a block at a time (about 200 KB for 200 MB)."""
