@@ -243,11 +243,13 @@ def repository_fetch(opener, timeout):
     REPOSITORY_MAX_BYTES; past either it raises bounded.BoundError, which
     read_repository and verify_key report with the variable to fix."""
     def fetch(url):
+        # read_repository and verify_key name the URL and quote this message in
+        # parentheses: "the server", and no final period
         return bounded.open_capped(
-            opener, url, REPOSITORY_MAX_BYTES, timeout,
+            opener, url, REPOSITORY_MAX_BYTES, timeout, what="the server",
             advice="NVIDIA's Packages index is a few MiB and its key a few KiB, sent at "
-                   "once: check that the URL is the repository or a mirror of it (over a "
-                   "slow link, raise the module's timeout).")
+                   "once: check that the URL is the repository or a mirror of it; over a "
+                   "slow link, raise the module's timeout")
     return fetch
 
 

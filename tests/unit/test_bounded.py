@@ -435,7 +435,7 @@ def test_packages_huge_index_stops_at_the_cap(peer, module_name, monkeypatch):
         f"{module_name} Packages, 200 MB answer",
         lambda: run_module(module.main, repo_args(module_name, url, timeout=60), monkeypatch))
     assert error is None and failed
-    assert f"{url}/repo/Packages sent more than 64 MiB (the cap" in result["msg"]
+    assert f"{url}/repo/Packages: the server sent more than 64 MiB (the cap" in result["msg"]
     assert "Nothing was changed" in result["msg"]
     assert peak < 2 * hoststack.REPOSITORY_MAX_BYTES
 
@@ -449,7 +449,8 @@ def test_packages_drip_ends_at_the_modules_timeout(peer, module_name, monkeypatc
         f"{module_name} Packages, drip for ever",
         lambda: run_module(module.main, repo_args(module_name, url, timeout=1), monkeypatch))
     assert error is None and failed
-    assert f"{url}/repo/Packages did not answer in full within 1 s" in result["msg"]
+    assert (f"{url}/repo/Packages: the server did not answer in full within 1 s"
+            in result["msg"])
     assert DEADLINE <= wall < DEADLINE + MARGIN
 
 
