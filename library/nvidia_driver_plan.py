@@ -110,7 +110,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet.hoststack import (
     REPOSITORY_ARGUMENT_SPEC, HostStackError, gpg_show_keys, kernel_module_flavor, nvswitch_count,
-    plan_driver, repository, wants_fabricmanager)
+    plan_driver, repository, repository_fetch, wants_fabricmanager)
 from ansible.module_utils.urls import open_url
 
 
@@ -147,8 +147,7 @@ def main():
     )
     p = module.params
 
-    def fetch(url):
-        return open_url(url, timeout=p["timeout"]).read()
+    fetch = repository_fetch(open_url, p["timeout"])
 
     def show_keys(data):
         return gpg_show_keys(lambda argv, stdin: module.run_command(argv, data=stdin, binary_data=True),

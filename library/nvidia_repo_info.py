@@ -75,7 +75,7 @@ available:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet.hoststack import (
-    REPOSITORY_ARGUMENT_SPEC, HostStackError, gpg_show_keys, repository)
+    REPOSITORY_ARGUMENT_SPEC, HostStackError, gpg_show_keys, repository, repository_fetch)
 from ansible.module_utils.urls import open_url
 
 
@@ -91,8 +91,7 @@ def main():
     )
     p = module.params
 
-    def fetch(url):
-        return open_url(url, timeout=p["timeout"]).read()
+    fetch = repository_fetch(open_url, p["timeout"])
 
     def show_keys(data):
         return gpg_show_keys(lambda argv, stdin: module.run_command(argv, data=stdin, binary_data=True),

@@ -202,6 +202,7 @@ from ansible.module_utils.gpufleet.bench import (PRESETS, BenchError, bench_env,
                                                  parse_dmon, percentile_flags,
                                                  point_from_result, split_target,
                                                  summarise_gpu_samples)
+from ansible.module_utils.gpufleet.bounded import join_capped
 from ansible.module_utils.gpufleet.serve import LABEL_PREFIX, remove_container
 
 try:
@@ -214,6 +215,9 @@ except ImportError:
 
 RESULT_DIR = "/tmp/gpufleet-bench"
 RESULT_FILE = "result.json"
+# `--save-result` (without --save-detailed) writes a few KiB of figures; its archive is
+# read up to this many bytes.
+RESULT_MAX_BYTES = 16 << 20
 
 
 class GpuSampler:
@@ -302,7 +306,9 @@ class GpuSampler:
 def _read_result(container, path):
     """The saved result (text) from the stopped container, or raise."""
     stream, _ = container.get_archive(path)
-    data = b"".join(stream)
+    data = join_capped(stream, RESULT_MAX_BYTES, f"the bench container's {path}",
+                       "`vllm bench serve --save-result` writes a few KiB: check the "
+                       "bench command (no --save-detailed) and the image.")
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         member = next(m for m in tar.getmembers() if m.isfile())
         return tar.extractfile(member).read().decode("utf-8")

@@ -42,7 +42,9 @@ options:
     type: bool
     default: false
   idle_timeout:
-    description: Seconds to wait for idle.
+    description:
+      - Seconds to wait for idle. One C(/metrics) poll takes at most 10 s in all and
+        16 MiB, so an instance that drips its answer holds the wait at most 10 s longer.
     type: int
     default: 120
   requests:
@@ -54,7 +56,9 @@ options:
     type: int
     default: 16
   request_timeout:
-    description: Seconds one probe request may take.
+    description:
+      - Seconds one probe request may take in all, its whole answer read (up to 16 MiB);
+        a slower one counts as an error.
     type: int
     default: 120
   baseline:

@@ -44,6 +44,9 @@ options:
   timeout:
     description:
       - Seconds to wait in all. Big models load for many minutes, so the default is long.
+        A request started before then runs to its own limit (10 s for C(/health) and
+        C(/v1/models), O(request_timeout) for the real request), however slowly the
+        server answers.
     type: int
     default: 1800
   interval:
@@ -51,7 +54,9 @@ options:
     type: int
     default: 5
   request_timeout:
-    description: Seconds one HTTP request may take.
+    description:
+      - Seconds one real request may take in all, its whole answer read (up to 16 MiB;
+        C(/health) and C(/v1/models) polls take at most 10 s and 4 MiB each).
     type: int
     default: 120
   warmup_requests:

@@ -21,12 +21,13 @@ import re
 import socket
 import time
 
-from . import grammar
+from . import bounded, grammar
 
 __all__ = [
-    "COUNTERS", "GatewayError", "NAME_RE", "OK_STATUSES", "backend_name", "host_of_server",
-    "backends", "host_view", "load_instances", "parse_show_stat", "plan_gateway",
-    "read_show_stat", "safe_name", "server_name", "servers", "watch",
+    "COUNTERS", "GatewayError", "NAME_RE", "OK_STATUSES", "SHOW_STAT_MAX_BYTES",
+    "backend_name", "host_of_server", "backends", "host_view", "load_instances",
+    "parse_show_stat", "plan_gateway", "read_show_stat", "safe_name", "server_name",
+    "servers", "watch",
 ]
 
 # HAProxy proxy and server names: "letters, digits, '-', '_', '.' and ':'" (configuration
@@ -276,25 +277,39 @@ def host_view(rows, host):
     return {"servers": mine, "others_up": others_up}
 
 
+# `show stat` is one CSV line (under 1 KiB) per frontend, backend and server: a fleet of
+# thousands of instances answers in a few MiB. More than this is not HAProxy answering
+# `show stat`.
+SHOW_STAT_MAX_BYTES = 16 << 20
+
+
 def read_show_stat(path, timeout=5.0):
-    """Ask HAProxy's stats socket at `path` for `show stat`; return the CSV text."""
+    """Ask HAProxy's stats socket at `path` for `show stat`; return the CSV text.
+
+    The whole exchange (connect, ask, read the answer) takes at most `timeout` seconds:
+    the socket's timeout is the time left before each step, so a peer that drips its
+    answer cannot hold the read longer; the answer is read up to SHOW_STAT_MAX_BYTES.
+    Raises GatewayError (unreachable socket, a cap or the deadline passed)."""
+    deadline = bounded.Deadline(
+        timeout, f"HAProxy's stats socket {path}",
+        "HAProxy answers `show stat` at once, in under 1 KiB a server: check that the "
+        "socket is HAProxy's (vllm_gateway_stats_socket) and that HAProxy is not stuck.")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
     try:
+        sock.settimeout(deadline.left())
         sock.connect(path)
+        sock.settimeout(deadline.left())
         sock.sendall(b"show stat\n")
-        chunks = []
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
+        data = bounded.read_capped(sock.recv, SHOW_STAT_MAX_BYTES, deadline,
+                                   settimeout=sock.settimeout)
+    except bounded.BoundError as exc:
+        raise GatewayError(str(exc)) from None
     except OSError as exc:
         raise GatewayError(f"cannot read HAProxy's stats socket {path}: {exc} (is haproxy "
                            "running with `stats socket` there, see vllm_gateway_stats_socket?)") from None
     finally:
         sock.close()
-    return b"".join(chunks).decode("utf-8", "replace")
+    return data.decode("utf-8", "replace")
 
 
 def _bad_status(status):

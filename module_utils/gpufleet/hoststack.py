@@ -30,6 +30,7 @@ import tempfile
 
 # Relative imports work both as gpufleet.hoststack (tests) and as
 # ansible.module_utils.gpufleet.hoststack (modules; Ansible ships the siblings too).
+from . import bounded
 from .arch import ArchError, architecture_facts
 from .cuda import DRIVER_BRANCHES, branch_supports_architecture, parse_driver_version
 
@@ -227,6 +228,29 @@ def container_toolkit_repo(distribution, distribution_version, architecture, mir
 
 
 REPOSITORIES = {"cuda": cuda_repo, "container_toolkit": container_toolkit_repo}
+
+
+# One file read from a repository: the Packages index (NVIDIA's CUDA index, every driver
+# and toolkit package of a distribution, is a few MiB), repomd.xml or the signing key (a
+# few KiB). More than this is not a repository's file.
+REPOSITORY_MAX_BYTES = 64 << 20
+
+
+def repository_fetch(opener, timeout):
+    """fetch(url) -> bytes for repository() (nvidia_repo_info, nvidia_driver_plan):
+    `opener` (Ansible's open_url) reads one file within `timeout` seconds in all
+    (connecting, waiting and reading, however slowly the server sends) and at most
+    REPOSITORY_MAX_BYTES; past either it raises bounded.BoundError, which
+    read_repository and verify_key report with the variable to fix."""
+    def fetch(url):
+        # read_repository and verify_key name the URL and quote this message in
+        # parentheses: "the server", and no final period
+        return bounded.open_capped(
+            opener, url, REPOSITORY_MAX_BYTES, timeout, what="the server",
+            advice="NVIDIA's Packages index is a few MiB and its key a few KiB, sent at "
+                   "once: check that the URL is the repository or a mirror of it; over a "
+                   "slow link, raise the module's timeout")
+    return fetch
 
 
 def repository(component, params, setting, fetch, show_keys):

@@ -34,13 +34,14 @@ import shutil
 import stat
 import threading
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 import requests
 import urllib3
+
+from .bounded import Decoder
 
 PUBLIC_ENDPOINT = "https://huggingface.co"
 STATE_DIR = ".gpufleet"
@@ -458,7 +459,8 @@ class HubClient:
         never read). Decodes gzip/deflate itself, never more than a chunk at a time, so a
         compression bomb costs no memory. Raises _Transient when the connection drops,
         stalls (timeout) or averages less than min_rate over `timeout` seconds."""
-        decoder = _Decoder(resp.headers.get("Content-Encoding"), url)
+        decoder = Decoder(resp.headers.get("Content-Encoding"), redact_url(url),
+                          error=HubError, corrupt=_Transient)
         read1 = getattr(resp.raw, "read1", None)
         t0, n0 = time.monotonic(), 0
         while room > 0:
@@ -587,40 +589,6 @@ class HubClient:
 
     def file_url(self, repo_id, commit, path):
         return f"{self.endpoint}/{repo_id}/resolve/{commit}/{quote(path, safe='/')}"
-
-
-class _Decoder:
-    """Content-Encoding identity, gzip or deflate, decoded in bounded pieces."""
-
-    def __init__(self, encoding, url):
-        enc = (encoding or "").strip().lower()
-        if enc in ("", "identity"):
-            self.z = None
-        elif enc in ("gzip", "x-gzip", "deflate"):
-            self.z = zlib.decompressobj(32 + zlib.MAX_WBITS)  # gzip or zlib header
-        else:
-            raise HubError(f"{redact_url(url)} answered with Content-Encoding "
-                           f"{encoding!r:.40}, which gpufleet does not decode; serve "
-                           "identity or gzip.")
-        self.url = url
-
-    def feed(self, data, room):
-        if self.z is None:
-            if data:
-                yield data[:room]
-            return
-        while room > 0:
-            try:
-                out = self.z.decompress(data, min(CHUNK, room))
-            except zlib.error:
-                raise _Transient(f"{redact_url(self.url)} sent a body that does not "
-                                 "decompress") from None
-            data = self.z.unconsumed_tail
-            if out:
-                room -= len(out)
-                yield out
-            elif not data:
-                return
 
 
 def _retry_after(value):

@@ -18,12 +18,13 @@ import re
 import socket
 import time
 
-from . import grammar
+from . import bounded, grammar
 
 __all__ = [
     "ARGS_CHECK_MODEL", "CACHE_ENV", "CACHE_MOUNT", "CONTAINER_PORT", "DIAGNOSES",
-    "LABEL_PREFIX", "NotReady", "PlanError", "args_check_command", "args_check_hash",
-    "args_check_verdict", "cache_dir", "check_unique_ports", "decide_action",
+    "LABEL_PREFIX", "NotReady", "PlanError", "READY_MAX_BYTES", "READY_POLL_TIMEOUT",
+    "REQUEST_MAX_BYTES", "args_check_command", "args_check_hash", "args_check_verdict",
+    "cache_dir", "check_unique_ports", "decide_action",
     "device_request", "diagnose", "failure_message", "instance_labels", "local_url",
     "merge_registry", "model_revision", "plan_instances", "port_is_free", "previous_name",
     "reachable_address", "readiness_request", "registry_entry", "remove_container",
@@ -635,14 +636,33 @@ def _check_response(runner, body):
     return {"text": choices[0]["text"], "usage": body.get("usage")}
 
 
+# What the readiness gate reads: /health (empty) and /v1/models (under 1 KiB a model) at
+# most READY_MAX_BYTES, each within READY_POLL_TIMEOUT seconds in all; the real request's
+# answer (4 tokens, or one embedding: 4096 floats are ~80 KiB of JSON) at most
+# REQUEST_MAX_BYTES within request_timeout.
+READY_MAX_BYTES = 4 << 20
+READY_POLL_TIMEOUT = 10
+REQUEST_MAX_BYTES = 16 << 20
+_POLL_ADVICE = ("vLLM answers this at once and in a few KiB: check the instance, or what "
+                "answers at its address.")
+_REQUEST_ADVICE = ("A completion of a few tokens (or one embedding) is a few KiB: check the "
+                   "instance, or what answers at its address; a first request that is "
+                   "really this slow needs a larger request_timeout.")
+
+
 def wait_ready(session, base_url, api_key, served_name, runner="generate", timeout=1800,
                interval=5, request_timeout=120, warmup_requests=0, alive=None,
                clock=time.monotonic, sleep=time.sleep):
     """Wait for /health, then /v1/models listing served_name, then one real request.
 
-    session: a requests.Session (or anything with .get/.post like it).
+    session: a requests.Session.
     alive: optional callable -> (bool running, str why): checked between polls, so a
       container that exited fails at once instead of after `timeout`.
+    Every request is bounded (bounded.http_request): /health and /v1/models by
+    READY_MAX_BYTES and READY_POLL_TIMEOUT seconds in all, the real request and the
+    warm-up requests by REQUEST_MAX_BYTES and request_timeout seconds in all; a request
+    started before `timeout` runs to its own limit, so a server that drips its answers
+    holds the gate at most that much past `timeout`.
     Returns {"elapsed", "stages" (seconds at which each passed), "response",
     "warmup_requests"}. Raises NotReady(stage, detail, elapsed).
     """
@@ -653,6 +673,10 @@ def wait_ready(session, base_url, api_key, served_name, runner="generate", timeo
 
     def elapsed():
         return round(clock() - start, 1)
+
+    def request(method, path, limit, seconds, advice, **kwargs):
+        return bounded.http_request(session, method, f"{base_url}{path}", limit, seconds,
+                                    advice=advice, **kwargs)
 
     def poll(stage, attempt):
         nonlocal last
@@ -676,13 +700,14 @@ def wait_ready(session, base_url, api_key, served_name, runner="generate", timeo
             sleep(interval)
 
     def health():
-        resp = session.get(f"{base_url}/health", timeout=10)
+        resp = request("GET", "/health", READY_MAX_BYTES, READY_POLL_TIMEOUT, _POLL_ADVICE)
         if resp.status_code != 200:
             raise ValueError(f"/health answered {resp.status_code}")
         return True
 
     def models():
-        resp = session.get(f"{base_url}/v1/models", headers=headers, timeout=10)
+        resp = request("GET", "/v1/models", READY_MAX_BYTES, READY_POLL_TIMEOUT, _POLL_ADVICE,
+                       headers=headers)
         if resp.status_code == 401:
             raise NotReady("models", "/v1/models answered 401: the API key is not the "
                            "one the server was started with", elapsed())
@@ -696,8 +721,8 @@ def wait_ready(session, base_url, api_key, served_name, runner="generate", timeo
     path, body = readiness_request(runner, served_name)
 
     def real_request():
-        resp = session.post(f"{base_url}{path}", json=body, headers=headers,
-                            timeout=request_timeout)
+        resp = request("POST", path, REQUEST_MAX_BYTES, request_timeout, _REQUEST_ADVICE,
+                       json=body, headers=headers)
         if resp.status_code != 200:
             # The server is up and answered: a failing request is not going to heal.
             raise NotReady("request", f"{path} answered {resp.status_code}: "
@@ -710,8 +735,9 @@ def wait_ready(session, base_url, api_key, served_name, runner="generate", timeo
     warm = 0
     for _ in range(int(warmup_requests)):
         warm_body = dict(body, max_tokens=1) if runner != "pooling" else body
-        resp = session.post(f"{base_url}{path}", json=warm_body, headers=headers,
-                            timeout=request_timeout)
+        resp = bounded.http_request(session, "POST", f"{base_url}{path}", REQUEST_MAX_BYTES,
+                                    request_timeout, advice=_REQUEST_ADVICE, json=warm_body,
+                                    headers=headers)
         if resp.status_code == 200:
             warm += 1
     return {"elapsed": elapsed(), "stages": stages, "response": response,

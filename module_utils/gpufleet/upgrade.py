@@ -18,12 +18,15 @@ import math
 import re
 import time
 
+from . import bounded
 from .redact import redact_models, restore_models
 
 __all__ = [
-    "RECORD_INPUTS", "RECORD_VERSION", "UpgradeError", "build_record", "capacity_verdict", "driver_change",
+    "METRICS_MAX_BYTES", "METRICS_TIMEOUT", "PROBE_MAX_BYTES", "RECORD_INPUTS",
+    "RECORD_VERSION", "UpgradeError", "build_record", "capacity_verdict", "driver_change",
     "idle_counts", "parse_metrics", "percentile", "plan_batches", "probe_summary",
-    "probe_verdict", "record_problem", "rollback_vars", "run_probe", "soak_verdict", "stop_message", "wait_idle",
+    "probe_verdict", "read_metrics", "record_problem", "rollback_vars", "run_probe",
+    "soak_verdict", "stop_message", "wait_idle",
 ]
 
 
@@ -164,18 +167,39 @@ def idle_counts(metrics):
             int(metrics.get("vllm:num_requests_waiting", 0)))
 
 
+# vLLM's /metrics is a few hundred KiB (histograms per model); one poll reads at most
+# this, within METRICS_TIMEOUT seconds in all.
+METRICS_MAX_BYTES = 16 << 20
+METRICS_TIMEOUT = 10
+# A probe's answer (16 tokens, or one embedding: 4096 floats are ~80 KiB of JSON).
+PROBE_MAX_BYTES = 16 << 20
+
+
+def read_metrics(session, base_url, seconds=None):
+    """GET base_url/metrics (a requests Response, its body read), within `seconds`
+    (default METRICS_TIMEOUT) in all and at most METRICS_MAX_BYTES; bounded.BoundError
+    past either."""
+    return bounded.http_request(
+        session, "GET", f"{base_url}/metrics", METRICS_MAX_BYTES,
+        METRICS_TIMEOUT if seconds is None else seconds,
+        advice="vLLM's /metrics answers at once, in a few hundred KiB: check the "
+               "instance, or what answers at its address.")
+
+
 def wait_idle(session, base_url, timeout=120, interval=1, clock=time.monotonic,
               sleep=time.sleep):
     """Poll /metrics until vLLM has no request running or waiting.
 
     Returns {"elapsed", "polls", "running", "waiting"}; raises UpgradeError after
-    `timeout` seconds with the last counts.
+    `timeout` seconds with the last counts. Each poll is read_metrics (METRICS_TIMEOUT
+    seconds in all), so an instance that drips its answer holds the wait at most that
+    much past `timeout`.
     """
     start, polls, last = clock(), 0, "no answer yet"
     while True:
         polls += 1
         try:
-            resp = session.get(f"{base_url}/metrics", timeout=10)
+            resp = read_metrics(session, base_url)
             counts = idle_counts(parse_metrics(resp.text)) if resp.status_code == 200 else None
             if counts is None:
                 last = f"/metrics answered {resp.status_code} without vllm:num_requests_running"
@@ -216,7 +240,9 @@ def run_probe(session, base_url, api_key, served_name, runner="generate", count=
     """Send `count` real requests one after another; return probe_summary's figures.
 
     The same request every time (temperature 0, fixed prompt and length), so the probe
-    before and after a change measure the same work.
+    before and after a change measure the same work. Each request and its answer take
+    at most `timeout` seconds in all and PROBE_MAX_BYTES (bounded.http_request); past
+    either, the request counts as an error.
     """
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     if runner == "pooling":
@@ -228,8 +254,8 @@ def run_probe(session, base_url, api_key, served_name, runner="generate", count=
     for _ in range(int(count)):
         start = clock()
         try:
-            resp = session.post(f"{base_url}{path}", json=body, headers=headers,
-                                timeout=timeout)
+            resp = bounded.http_request(session, "POST", f"{base_url}{path}",
+                                        PROBE_MAX_BYTES, timeout, json=body, headers=headers)
             ok = resp.status_code == 200 and bool(
                 (resp.json().get("data") if runner == "pooling" else resp.json().get("choices")))
             if ok:

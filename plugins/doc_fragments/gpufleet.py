@@ -60,7 +60,11 @@ options:
     type: str
     default: ""
   timeout:
-    description: Seconds to wait for the repository.
+    description:
+      - Seconds one download from the repository (the C(Packages) index or
+        C(repomd.xml), the signing key) may take in all - connecting, waiting and
+        reading, however slowly the server sends. A file is read up to 64 MiB
+        (C(hoststack.REPOSITORY_MAX_BYTES)).
     type: int
     default: 15
 """
