@@ -735,9 +735,14 @@ def wait_ready(session, base_url, api_key, served_name, runner="generate", timeo
     warm = 0
     for _ in range(int(warmup_requests)):
         warm_body = dict(body, max_tokens=1) if runner != "pooling" else body
-        resp = bounded.http_request(session, "POST", f"{base_url}{path}", REQUEST_MAX_BYTES,
-                                    request_timeout, advice=_REQUEST_ADVICE, json=warm_body,
-                                    headers=headers)
+        try:
+            resp = bounded.http_request(session, "POST", f"{base_url}{path}", REQUEST_MAX_BYTES,
+                                        request_timeout, advice=_REQUEST_ADVICE, json=warm_body,
+                                        headers=headers)
+        except Exception as exc:  # network errors (requests'), bounded.BoundError
+            # the server passed the gate a moment ago: one that stops answering now is not ready
+            raise NotReady("warmup", f"warm-up request {warm + 1} of {int(warmup_requests)} "
+                           f"failed: {str(exc)[:300]}", elapsed()) from None
         if resp.status_code == 200:
             warm += 1
     return {"elapsed": elapsed(), "stages": stages, "response": response,

@@ -841,3 +841,41 @@ def test_stale_cache_dirs_never_names_what_the_role_did_not():
     assert serve.stale_cache_dirs(["ab" * 32, "notes"], []) == ["ab" * 32]
     # empty entries (a container whose ImageID is missing) protect nothing and break nothing
     assert serve.stale_cache_dirs(["ab" * 32], [None, ""]) == ["ab" * 32]
+
+
+
+def test_a_warmup_request_that_fails_is_not_ready_not_a_traceback():
+    """A server that stops answering during the warm-up requests fails the gate with the
+    stage and the cause (it raised a requests error out of the module before)."""
+    import requests
+
+    class Resp:
+        def __init__(self, status, body):
+            self.status_code, self._body = status, body
+            self.text = json.dumps(body)
+            self.headers = {}
+
+        def json(self):
+            return self._body
+
+    calls = []
+
+    def fake(session, method, url, limit, seconds, advice="", **kw):
+        calls.append(url)
+        if url.endswith("/health"):
+            return Resp(200, {})
+        if url.endswith("/v1/models"):
+            return Resp(200, {"data": [{"id": "m"}]})
+        if len([c for c in calls if c.endswith("/completions")]) > 1:
+            raise requests.ConnectionError("connection reset by peer")
+        return Resp(200, {"choices": [{"text": "ok"}]})
+
+    import pytest as _pytest
+    mp = _pytest.MonkeyPatch()
+    mp.setattr(serve.bounded, "http_request", fake)
+    try:
+        with _pytest.raises(serve.NotReady) as exc:
+            serve.wait_ready(object(), "http://x", "k", "m", warmup_requests=3, sleep=lambda s: None)
+    finally:
+        mp.undo()
+    assert exc.value.stage == "warmup" and "connection reset by peer" in str(exc.value)
