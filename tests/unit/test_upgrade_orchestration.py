@@ -5,7 +5,8 @@ REAL fleet_upgrade role (batches, gates, change, rollback, the kept stop message
 REAL filters run on local hosts. Only the role's collaborators are STAND-INS, written by
 this test into a temporary folder: the preflight, model_fetch, vllm_server and
 vllm_gateway roles and the vllm_record, vllm_probe and vllm_gateway_stats modules. Each
-stand-in appends one line per call ("HOST EVENT") to an events file, and fails where the
+stand-in says one line per call (a debug task: "STANDIN-EVENT HOST EVENT", read back from
+the run's output, so it costs the control node no module run), and fails where the
 inventory tells it to (a compatibility refusal, a failing probe gate). The lab tests run
 the same playbook against real vLLM and HAProxy; this file proves the control flow for
 batches of several hosts, which the lab's one-host batches never reach.
@@ -30,8 +31,10 @@ pytestmark = pytest.mark.slow
 # --- stand-ins ------------------------------------------------------------------------------
 def _log(event, name=None):
     return {"name": name or f"Stand-in | {event}",
-            "ansible.builtin.shell": f"echo '{{{{ inventory_hostname }}}} {event}' >> {{{{ standin_events }}}}",
-            "changed_when": False}
+            "ansible.builtin.debug": {"msg": f"STANDIN-EVENT {{{{ inventory_hostname }}}} {event}"}}
+
+
+_EVENT = re.compile(r'"msg": "STANDIN-EVENT (\S+) ([^"]+)"')
 
 
 STANDIN_ROLES = {
@@ -158,15 +161,14 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), 
     instances = [{"targets": [f"{h}:8000"], "labels": {"host": h, "served_model_name": "chat"}}
                  for h in hosts if h not in serves_nothing]
     (tmp_path / "instances.json").write_text(json.dumps(instances))
-    events = tmp_path / "events"
-    events.touch()
+    events = []  # every run's stand-in events, in the order the runs finished
     (tmp_path / "ansible.cfg").write_text("[defaults]\n")
     (tmp_path / "state").mkdir()
     (tmp_path / "applied").mkdir()
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
              "ansible_become": False}
     inventory = {"all": {
-        "vars": {"standin_events": str(events), "standin_serves_nothing": list(serves_nothing),
+        "vars": {"standin_serves_nothing": list(serves_nothing),
                  "standin_compat_refuse": list(compat_refuse), "standin_keep": list(keep),
                  "standin_kill_at": kill_at, "standin_lose_at": lose_at, "standin_applied": str(tmp_path / "applied"), "standin_kill_pidfile": str(tmp_path / "controller.pid"),
                  "vllm_server_file_sd_path": str(tmp_path / "instances.json"),
@@ -194,7 +196,9 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), 
                ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOWS="1",
                ANSIBLE_FORKS="10", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
                # the stand-ins read no fact but the GPU's: the play's fact gathering stays minimal
-               ANSIBLE_GATHER_SUBSET="!all,!min")
+               ANSIBLE_GATHER_SUBSET="!all,!min",
+               # a killed run's output up to the kill holds its events
+               PYTHONUNBUFFERED="1")
 
     def start(*args):
         """Start upgrade.yml; returns the process (its pid is where the kill hook looks)."""
@@ -212,10 +216,11 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), 
         finally:
             if playbook_text is not None and playbook.exists():
                 playbook.unlink()
+        events.extend(_EVENT.findall(out))
         return proc.returncode, out, events_so_far()
 
     def events_so_far():
-        return [tuple(line.split(" ", 1)) for line in events.read_text().splitlines()]
+        return list(events)
 
     def run(*args):
         return finish(start(*args))
