@@ -60,7 +60,9 @@ options:
     type: str
     default: ""
   timeout:
-    description: Seconds to wait for the repository.
+    description:
+      - Seconds to wait for the repository.
+      - From 1 to 3600 (an hour).
     type: int
     default: 15
 """
