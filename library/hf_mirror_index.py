@@ -91,6 +91,9 @@ def main():
                             check_mode=module.check_mode)
     except HubError as exc:
         module.fail_json(msg=str(exc))
+    except OSError as exc:  # root cannot be made or written: a path, a permission, a full disk
+        module.fail_json(msg=f"cannot publish under root {module.params['root']}: "
+                             f"{exc.strerror or exc}")
     module.exit_json(**result)
 
 

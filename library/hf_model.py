@@ -277,6 +277,8 @@ def main():
     except HubError as exc:
         partial = getattr(exc, "result", {})
         module.fail_json(msg=str(exc), **partial)
+    except OSError as exc:  # dest cannot be made or read: a path, a permission, a full disk
+        module.fail_json(msg=f"cannot fetch into dest {p['dest']}: {exc.strerror or exc}")
     module.exit_json(**result)
 
 

@@ -119,7 +119,7 @@ knee_rps_by_host:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.bench import BenchError
-from ansible.module_utils.gpufleet.bench_report import build_report, write_run
+from ansible.module_utils.gpufleet.bench_report import build_report, check_run_id, write_run
 
 
 def main():
@@ -148,6 +148,7 @@ def main():
     analysis = {k: p[k] for k in ("p99_jump", "min_rate_ratio", "min_success_rate",
                                   "knee_sensitivity")}
     try:
+        check_run_id(p["run_id"])  # in check mode too
         report = build_report(p["points"], p["instances"], p["skipped"], p["run_id"],
                               p["matrix"], analysis, with_plots=True)
         path = None if module.check_mode else write_run(p["output_dir"], p["run_id"],

@@ -215,6 +215,11 @@ def run(params, client):
                         "vllm_tune results in the order of the models")
     instances = []
     for index, (model, tune) in enumerate(zip(models, tunes)):
+        for key in ("name", "path"):  # the model's entry is not quoted: its env may hold a key
+            if not isinstance(model.get(key), str) or not model[key].strip():
+                keys = ", ".join(sorted(map(str, model))) or "nothing"
+                raise PlanError(f"models[{index}] has no `{key}`: every vllm_server_models "
+                                f"entry needs name and path (it has {keys})")
         if not tune.get("args") or not tune.get("settings"):
             raise PlanError(f"model {model.get('name')!r} has no vllm_tune result (args and "
                             "settings); tune it first")
