@@ -218,6 +218,7 @@ suggestions:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet import options
 import io
 import tarfile
 
@@ -383,6 +384,13 @@ def main():
                          ("driver_version", "driver_branch")],
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            # NVIDIA's NVIDIA_REQUIRE_CUDA lists a clause per brand: longer than a name
+            "require_cuda": options.text(4 * options.TEXT_MAX),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     if module.params["image"] and not HAS_DOCKER:
         module.fail_json(msg=missing_required_lib("docker"))
     try:

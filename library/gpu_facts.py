@@ -156,6 +156,7 @@ probes:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.gpu import (
     SOURCES,
     GpuFactsError,
@@ -199,6 +200,10 @@ def main():
         ),
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec)
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     if module.params["nvidia_smi_xml"]:
         facts = _read_capture(module, module.params["nvidia_smi_xml"])
         probes = [{"source": "nvidia-smi", "result": "ok", "count": facts["count"],

@@ -65,6 +65,7 @@ changed_paths:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.hub import HubError
 from ansible.module_utils.gpufleet.hub_mirror import build_site
 
@@ -77,6 +78,10 @@ def main():
         ),
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec)
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     try:
         for item in module.params["models"]:
             if not isinstance(item.get("path"), str) or not item["path"]:
@@ -86,6 +91,9 @@ def main():
                             check_mode=module.check_mode)
     except HubError as exc:
         module.fail_json(msg=str(exc))
+    except OSError as exc:  # root cannot be made or written: a path, a permission, a full disk
+        module.fail_json(msg=f"cannot publish under root {module.params['root']}: "
+                             f"{exc.strerror or exc}")
     module.exit_json(**result)
 
 

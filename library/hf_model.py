@@ -69,7 +69,9 @@ options:
     type: list
     elements: str
   max_workers:
-    description: Files downloaded or hashed in parallel.
+    description:
+      - Files downloaded or hashed in parallel.
+      - From 1 to 256.
     type: int
     default: 8
   verify:
@@ -82,47 +84,57 @@ options:
     choices: [full, manifest]
     default: manifest
   timeout:
-    description: Seconds to wait to connect and between bytes before a connection counts as stalled.
+    description:
+      - Seconds to wait to connect and between bytes before a connection counts as stalled.
+      - Above 0 and at most 3600 (an hour).
     type: float
     default: 30
   retries:
     description:
       - Failed attempts per request before giving up. An attempt that brought new bytes
         (beyond the most that file ever had) resets the count of a file.
+      - From 0 to 100.
     type: int
     default: 5
   max_file_attempts:
     description:
       - Requests for one file's bytes in a run (first try, resumes and retries) before
         that file fails; bounds a mirror that keeps serving a file short.
+      - From 1 to 10000.
     type: int
     default: 20
   max_total_retries:
-    description: Failed requests retried across the whole fetch before it stops.
+    description:
+      - Failed requests retried across the whole fetch before it stops.
+      - From 0 to 100000.
     type: int
     default: 100
   deadline:
     description:
       - Seconds the whole fetch may take; past it the fetch stops, keeping partial files
         for the next run. C(0) means no limit.
+      - From 0 to 31622400 (a year).
     type: float
     default: 86400
   min_rate:
     description:
       - Bytes per second a download must average over O(timeout) seconds; a slower one is
         cut and retried (its bytes are kept but do not count as progress). C(0) means no floor.
+      - From 0 to 2**40 (1 TiB/s).
     type: int
     default: 1024
   max_api_bytes:
     description:
       - Largest API answer (repo info or one page of the listing, after decompression)
         read from the mirror; reading stops there and the fetch fails naming this option.
+      - From 1 to 2**40 (1 TiB).
     type: int
     default: 67108864
   max_listing_entries:
     description:
       - Most entries (files and folders) a repo listing may have; a longer one fails the
         fetch before anything is written.
+      - From 1 to 100000000.
     type: int
     default: 10000
 attributes:
@@ -205,6 +217,7 @@ manifest:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet import hub
 from ansible.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError, sync_repo
 
@@ -232,13 +245,25 @@ def main():
         ),
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            "max_workers": options.whole(1, 256),
+            "timeout": options.number(above=0, high=options.HOUR, unit="seconds"),
+            "retries": options.whole(0, 100),
+            "max_file_attempts": options.whole(1, 10000),
+            "max_total_retries": options.whole(0, 100000),
+            "deadline": options.number(0, options.YEAR, unit="seconds"),
+            "min_rate": options.whole(0, 2 ** 40, "bytes per second"),
+            "max_api_bytes": options.whole(1, 2 ** 40, "bytes"),
+            "max_listing_entries": options.whole(1, 10 ** 8),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     p = module.params
     token = p["token"] or os.environ.get("HF_TOKEN") or None
     if token:
         module.no_log_values.add(token)
     endpoint = p["endpoint"] or os.environ.get("HF_ENDPOINT") or PUBLIC_ENDPOINT
-    if p["timeout"] <= 0 or p["retries"] < 0:
-        module.fail_json(msg="timeout must be > 0 and retries >= 0.")
     try:
         client = HubClient(endpoint, token=token, timeout=p["timeout"], retries=p["retries"],
                            max_file_attempts=p["max_file_attempts"],
@@ -252,6 +277,8 @@ def main():
     except HubError as exc:
         partial = getattr(exc, "result", {})
         module.fail_json(msg=str(exc), **partial)
+    except OSError as exc:  # dest cannot be made or read: a path, a permission, a full disk
+        module.fail_json(msg=f"cannot fetch into dest {p['dest']}: {exc.strerror or exc}")
     module.exit_json(**result)
 
 

@@ -116,6 +116,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.gpu import (
     GpuFactsError,
     gather,
@@ -215,6 +216,10 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec)
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     gpus = _gpu_facts(module)
     try:
         result = run(module, module.params, module.check_mode, gpus)

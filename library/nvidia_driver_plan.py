@@ -108,6 +108,7 @@ plan:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.hoststack import (
     REPOSITORY_ARGUMENT_SPEC, HostStackError, gpg_show_keys, kernel_module_flavor, nvswitch_count,
     plan_driver, repository, repository_fetch, wants_fabricmanager)
@@ -145,6 +146,12 @@ def main():
         ),
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            "timeout": options.whole(1, options.HOUR, "seconds"),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     p = module.params
 
     fetch = repository_fetch(open_url, p["timeout"])

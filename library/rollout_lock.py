@@ -81,6 +81,7 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet import rollout as rollout_lib
 
 
@@ -121,6 +122,10 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec)
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     try:
         result = run(module.params, module.check_mode)
     except (rollout_lib.RolloutError, ValueError, OSError) as exc:

@@ -72,6 +72,7 @@ held:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet import rollout as rollout_lib
 
 _STEPS = list(rollout_lib.STEPS)
@@ -105,6 +106,10 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec)
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     try:
         result = run(module.params, module.check_mode)
     except (rollout_lib.RolloutError, ValueError, OSError) as exc:

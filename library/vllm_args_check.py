@@ -27,6 +27,7 @@ options:
     description:
       - The container command as it will run, C([MODEL, ARG, ...]); the first item (the
         model) is replaced.
+      - Each item at most 1 MiB (1048576 characters).
     type: list
     elements: str
     required: true
@@ -39,7 +40,9 @@ options:
     type: str
     required: true
   timeout:
-    description: Seconds to wait for vLLM to parse its arguments and stop.
+    description:
+      - Seconds to wait for vLLM to parse its arguments and stop.
+      - From 1 to 86400 (a day).
     type: int
     default: 300
 extends_documentation_fragment:
@@ -74,6 +77,7 @@ seconds:
 import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.serve import (LABEL_PREFIX, args_check_command, args_check_verdict,
                                                  remove_container)
 
@@ -121,6 +125,16 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            "image": options.text(empty=False),
+            "name": options.text(empty=False),
+            # a vLLM argument may be an inline chat template or JSON: up to a MiB each
+            "command": options.items(options.text(2 ** 20)),
+            "timeout": options.whole(1, options.DAY, "seconds"),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     if not HAS_DOCKER:
         module.fail_json(msg=missing_required_lib("docker") + " (Debian/Ubuntu: python3-docker)")
     if not module.params["command"]:

@@ -73,7 +73,9 @@ options:
     elements: list
     default: []
   min_prompts:
-    description: Prompts per point are max(10 x concurrency, O(min_prompts)).
+    description:
+      - Prompts per point are max(10 x concurrency, O(min_prompts)).
+      - From 1 to 100000.
     type: int
     default: 50
   overflow:
@@ -87,7 +89,9 @@ options:
     elements: int
     default: [50, 90, 99]
   timeout:
-    description: Seconds the point may run; past it the container is removed and the point fails.
+    description:
+      - Seconds the point may run; past it the container is removed and the point fails.
+      - From 1 to 86400 (a day).
     type: int
     default: 900
   api_key:
@@ -103,11 +107,15 @@ options:
     type: bool
     default: true
   seed:
-    description: Seed of the random dataset (C(--seed)), so that runs are comparable.
+    description:
+      - Seed of the random dataset (C(--seed)), so that runs are comparable.
+      - From 0 to 4294967295.
     type: int
     default: 0
   log_lines:
-    description: Lines of the benchmark's log returned for a failed point.
+    description:
+      - Lines of the benchmark's log returned for a failed point.
+      - From 0 to 10000.
     type: int
     default: 40
 extends_documentation_fragment:
@@ -196,6 +204,7 @@ import threading
 import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.bench import (PRESETS, BenchError, bench_env, bench_plan,
                                                  bench_serve_command, failed_point,
                                                  instance_from_inspect, is_loopback,
@@ -474,10 +483,19 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            "container": options.text(empty=False),
+            "served_model_name": options.text(empty=False),
+            "min_prompts": options.whole(1, 100000),
+            "timeout": options.whole(1, options.DAY, "seconds"),
+            "seed": options.whole(0, 2 ** 32 - 1),
+            "log_lines": options.whole(0, 10000),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     if not HAS_DOCKER:
         module.fail_json(msg=missing_required_lib("docker") + " (Debian/Ubuntu: python3-docker)")
-    if module.params["timeout"] < 1:
-        module.fail_json(msg=f"timeout must be at least 1 second, not {module.params['timeout']}")
     try:
         client = docker.from_env()
     except docker_errors.DockerException as exc:

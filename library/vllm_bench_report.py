@@ -65,7 +65,9 @@ options:
     type: float
     default: 1.0
   knee_sensitivity:
-    description: kneed's S for the knee.
+    description:
+      - kneed's S for the knee.
+      - Above 0 and at most 100.
     type: float
     default: 1.0
 attributes:
@@ -115,8 +117,9 @@ knee_rps_by_host:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.bench import BenchError
-from ansible.module_utils.gpufleet.bench_report import build_report, write_run
+from ansible.module_utils.gpufleet.bench_report import build_report, check_run_id, write_run
 
 
 def main():
@@ -135,10 +138,17 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            "knee_sensitivity": options.number(above=0, high=100),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     p = module.params
     analysis = {k: p[k] for k in ("p99_jump", "min_rate_ratio", "min_success_rate",
                                   "knee_sensitivity")}
     try:
+        check_run_id(p["run_id"])  # in check mode too
         report = build_report(p["points"], p["instances"], p["skipped"], p["run_id"],
                               p["matrix"], analysis, with_plots=True)
         path = None if module.check_mode else write_run(p["output_dir"], p["run_id"],

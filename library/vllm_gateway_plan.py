@@ -69,6 +69,7 @@ instances:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.gateway import GatewayError, load_instances, plan_gateway
 
 
@@ -81,6 +82,10 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec)
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     try:
         instances = load_instances(module.params["instances"])
         plan = plan_gateway(instances, module.params["frontends"], module.params["metrics_port"])

@@ -27,11 +27,15 @@ options:
     description: Inventory name of a GPU host whose servers to single out.
     type: str
   watch_seconds:
-    description: Seconds to watch; 0 reads once.
+    description:
+      - Seconds to watch; 0 reads once.
+      - From 0 to 86400 (a day).
     type: int
     default: 0
   interval:
-    description: Seconds between samples while watching.
+    description:
+      - Seconds between samples while watching.
+      - From 0.1 to 3600 (an hour).
     type: float
     default: 1.0
 extends_documentation_fragment:
@@ -93,6 +97,7 @@ bad_statuses:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.gateway import (
     GatewayError, backends, host_view, parse_show_stat, read_show_stat, servers, watch)
 
@@ -120,8 +125,13 @@ def main():
         },
         supports_check_mode=True,
     )
-    if module.params["interval"] <= 0 or module.params["watch_seconds"] < 0:
-        module.fail_json(msg="interval must be > 0 and watch_seconds >= 0")
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            "watch_seconds": options.whole(0, options.DAY, "seconds"),
+            "interval": options.number(0.1, options.HOUR, unit="seconds"),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     try:
         result = run(module.params, lambda: read_show_stat(module.params["socket"]))
     except GatewayError as exc:

@@ -61,6 +61,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.jsonfile import read_json, write_json
 from ansible.module_utils.gpufleet.serve import merge_registry
 
@@ -92,6 +93,10 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec)
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     try:
         result = run(module.params, module.check_mode)
     except (ValueError, KeyError, TypeError) as exc:

@@ -28,7 +28,9 @@ options:
     choices: [parked, restored, dropped]
     required: true
   stop_timeout:
-    description: Seconds vLLM gets to stop before it is killed.
+    description:
+      - Seconds vLLM gets to stop before it is killed.
+      - From 0 to 86400 (a day).
     type: int
     default: 60
 attributes:
@@ -62,6 +64,7 @@ previous:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.serve import previous_name, remove_container
 
 try:
@@ -125,6 +128,13 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            "name": options.text(empty=False),
+            "stop_timeout": options.whole(0, options.DAY, "seconds"),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     if not HAS_DOCKER:
         module.fail_json(msg=missing_required_lib("docker") + " (Debian/Ubuntu: python3-docker)")
     try:

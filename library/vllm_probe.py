@@ -45,41 +45,54 @@ options:
     description:
       - Seconds to wait for idle. One C(/metrics) poll takes at most 10 s in all and
         16 MiB, so an instance that drips its answer holds the wait at most 10 s longer.
+      - From 1 to 86400 (a day).
     type: int
     default: 120
   requests:
-    description: Requests of the probe (0 = no probe).
+    description:
+      - Requests of the probe (0 = no probe).
+      - From 0 to 10000.
     type: int
     default: 0
   max_tokens:
-    description: Tokens each probe completion generates.
+    description:
+      - Tokens each probe completion generates.
+      - From 1 to 10000000.
     type: int
     default: 16
   request_timeout:
     description:
       - Seconds one probe request may take in all, its whole answer read (up to 16 MiB);
         a slower one counts as an error.
+      - From 1 to 86400 (a day).
     type: int
     default: 120
   baseline:
     description: Figures of an earlier probe (this module's C(probe)) to compare with.
     type: dict
   max_latency_ratio:
-    description: The p95 latency may grow by this factor at most (together with O(max_latency_increase_ms)).
+    description:
+      - The p95 latency may grow by this factor at most (together with O(max_latency_increase_ms)).
+      - From 1 to 1000000.
     type: float
     default: 2.0
   max_latency_increase_ms:
-    description: The p95 latency may grow by this many milliseconds at most (together with O(max_latency_ratio)).
+    description:
+      - The p95 latency may grow by this many milliseconds at most (together with O(max_latency_ratio)).
+      - From 0 to 86400000 (a day).
     type: float
     default: 500
   max_error_rate:
-    description: Share of probe requests that may fail.
+    description:
+      - Share of probe requests that may fail.
+      - From 0 to 1.
     type: float
     default: 0.0
   attempts:
     description:
       - Probes at most, with O(baseline), when a probe is only too slow (see above).
       - 1 fails the gate on the first slow probe.
+      - From 1 to 100.
     type: int
     default: 2
 extends_documentation_fragment:
@@ -130,6 +143,7 @@ verdict:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.upgrade import (
     UpgradeError, probe_gate, run_probe, wait_idle)
 
@@ -192,18 +206,24 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            "url": options.text(empty=False),
+            "idle_timeout": options.whole(1, options.DAY, "seconds"),
+            "requests": options.whole(0, 10000),
+            "max_tokens": options.whole(1, 10 ** 7),
+            "request_timeout": options.whole(1, options.DAY, "seconds"),
+            "max_latency_ratio": options.number(1, 10 ** 6),
+            "max_latency_increase_ms": options.number(0, 1000 * options.DAY,
+                                                      unit="milliseconds"),
+            "max_error_rate": options.number(0, 1),
+            "attempts": options.whole(1, 100),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     if not HAS_REQUESTS:
         module.fail_json(msg=missing_required_lib("requests"))
     p = module.params
-    for key in ("idle_timeout", "request_timeout", "max_tokens", "attempts"):
-        if p[key] <= 0:
-            module.fail_json(msg=f"{key} must be above 0 (got {p[key]})")
-    if p["requests"] < 0 or p["max_latency_ratio"] < 1 or p["max_latency_increase_ms"] < 0 \
-            or not 0 <= p["max_error_rate"] <= 1:
-        module.fail_json(msg="requests must be >= 0, max_latency_ratio >= 1, "
-                             "max_latency_increase_ms >= 0 and max_error_rate within 0-1 "
-                             f"(got {p['requests']}, {p['max_latency_ratio']}, "
-                             f"{p['max_latency_increase_ms']}, {p['max_error_rate']})")
     failed, result = run(p, requests.Session())
     if failed:
         module.fail_json(**result)

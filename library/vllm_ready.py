@@ -47,20 +47,26 @@ options:
         A request started before then runs to its own limit (10 s for C(/health) and
         C(/v1/models), O(request_timeout) for the real request), however slowly the
         server answers.
+      - From 1 to 86400 (a day).
     type: int
     default: 1800
   interval:
-    description: Seconds between polls.
+    description:
+      - Seconds between polls.
+      - From 1 to 3600 (an hour).
     type: int
     default: 5
   request_timeout:
     description:
       - Seconds one real request may take in all, its whole answer read (up to 16 MiB;
         C(/health) and C(/v1/models) polls take at most 10 s and 4 MiB each).
+      - From 1 to 86400 (a day).
     type: int
     default: 120
   warmup_requests:
-    description: One-token requests sent after the gate passed.
+    description:
+      - One-token requests sent after the gate passed.
+      - From 0 to 10000.
     type: int
     default: 0
   container:
@@ -69,7 +75,9 @@ options:
         its last log lines are read on failure (docker SDK).
     type: str
   log_lines:
-    description: How many of the container's last log lines a failure message carries.
+    description:
+      - How many of the container's last log lines a failure message carries.
+      - From 0 to 10000.
     type: int
     default: 40
 extends_documentation_fragment:
@@ -127,6 +135,7 @@ diagnoses:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.serve import NotReady, diagnose, failure_message, wait_ready
 
 try:
@@ -217,14 +226,22 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            "url": options.text(empty=False),
+            "served_model_name": options.text(empty=False),
+            "timeout": options.whole(1, options.DAY, "seconds"),
+            "interval": options.whole(1, options.HOUR, "seconds"),
+            "request_timeout": options.whole(1, options.DAY, "seconds"),
+            "warmup_requests": options.whole(0, 10000),
+            "log_lines": options.whole(0, 10000),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     if not HAS_REQUESTS:
         module.fail_json(msg=missing_required_lib("requests"))
     if module.params["container"] and not HAS_DOCKER:
         module.fail_json(msg=missing_required_lib("docker"))
-    for key in ("timeout", "interval", "request_timeout"):
-        if module.params[key] <= 0:
-            module.fail_json(msg=f"{key} must be a positive number of seconds "
-                                 f"(got {module.params[key]})")
     try:
         failed, result = run(module.params)
     except Exception as exc:  # docker: container missing, daemon unreachable

@@ -85,6 +85,7 @@ import os
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.jsonfile import read_json, write_json
 from ansible.module_utils.gpufleet.upgrade import record_problem
 from ansible.module_utils.gpufleet.redact import redact_models
@@ -157,6 +158,10 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec)
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
 
     def image_present(image_id):
         """Ask the Docker engine (DOCKER_HOST, as vllm_server's tasks set it) by id: the

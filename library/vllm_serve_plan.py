@@ -69,7 +69,9 @@ options:
     choices: [nvidia, cdi, none]
     default: nvidia
   gpu_indexes:
-    description: Indexes of the host's GPUs.
+    description:
+      - Indexes of the host's GPUs.
+      - Each from 0 to 1023.
     type: list
     elements: int
     default: []
@@ -109,6 +111,7 @@ options:
       - vLLM's C(--shutdown-timeout) in seconds (in-flight requests finish, new ones get
         503), 0 leaves vLLM's default (abort them). Each instance's C(stop_timeout) is
         set 15 s above it.
+      - From 0 to 3600 (an hour).
     type: int
     default: 0
   cache_root:
@@ -168,6 +171,7 @@ remove:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.serve import (
     LABEL_PREFIX, PlanError, check_unique_ports, decide_action, local_url,
     model_revision, plan_instances, port_is_free, reachable_address, registry_entry)
@@ -211,6 +215,11 @@ def run(params, client):
                         "vllm_tune results in the order of the models")
     instances = []
     for index, (model, tune) in enumerate(zip(models, tunes)):
+        for key in ("name", "path"):  # the model's entry is not quoted: its env may hold a key
+            if not isinstance(model.get(key), str) or not model[key].strip():
+                keys = ", ".join(sorted(map(str, model))) or "nothing"
+                raise PlanError(f"models[{index}] has no `{key}`: every vllm_server_models "
+                                f"entry needs name and path (it has {keys})")
         if not tune.get("args") or not tune.get("settings"):
             raise PlanError(f"model {model.get('name')!r} has no vllm_tune result (args and "
                             "settings); tune it first")
@@ -275,6 +284,15 @@ def main():
         },
         supports_check_mode=True,
     )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec, {
+            "image": options.text(empty=False),
+            "image_id": options.text(empty=False),
+            "gpu_indexes": options.items(options.whole(0, 1023)),
+            "shutdown_timeout": options.whole(0, options.HOUR, "seconds"),
+        })
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     if not HAS_DOCKER:
         module.fail_json(msg=missing_required_lib("docker") + " (Debian/Ubuntu: python3-docker)")
     try:

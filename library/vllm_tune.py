@@ -154,6 +154,7 @@ options:
       - A model whose config class only its repository defines (EXAONE 3.x, InternLM2,
         GTE-new) is planned only when this holds C(--trust-remote-code), which runs the
         repository's Python in vLLM; the module never adds it.
+      - Each item at most 1 MiB (1048576 characters).
     type: list
     elements: str
     default: []
@@ -240,6 +241,7 @@ nearest:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.model import (
     ModelError,
     describe_config,
@@ -296,6 +298,13 @@ def main():
         p["extra_args"] = ["********" if a.split("=", 1)[0] == "--api-key" or i and
                            p["extra_args"][i - 1] == "--api-key" else a
                            for i, a in enumerate(p["extra_args"])]
+        module.fail_json(msg=str(exc), changed=False, reasons=[])
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(p, module.argument_spec, {
+            # a vLLM argument may be an inline chat template or JSON: up to a MiB each
+            "extra_args": options.items(options.text(2 ** 20)),
+        })
+    except options.OptionError as exc:
         module.fail_json(msg=str(exc), changed=False, reasons=[])
     gpus = p["gpus"]
     if gpus is None and p["gpu_facts"] is not None:

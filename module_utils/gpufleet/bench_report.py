@@ -209,14 +209,27 @@ def build_report(points, instances, skipped=(), run_id="", matrix=None, analysis
     max_model_len, notes, gpu_facts}]. skipped: [{instance or container, host, reason}].
     analysis: keyword arguments of bench.analyse()."""
     analysis = dict(analysis or {})
+    for index, inst in enumerate(instances):
+        if not isinstance(inst, dict) or not all(isinstance(inst.get(key), str) and inst[key]
+                                                 for key in ("instance", "host")):
+            raise BenchError(f"instances[{index}] has no `instance` and `host` (the instances "
+                             f"vllm_bench planned), got {inst!r:.120}")
     by_name = {i["instance"]: i for i in instances}
     for point in points:
+        if not isinstance(point, dict):
+            raise BenchError(f"a point is not a vllm_bench result, got {point!r:.120}")
         if point.get("instance") not in by_name:
             raise BenchError(f"a point names instance {point.get('instance')!r}, which is not "
                              f"in the run's instances {sorted(by_name)}")
         if not isinstance(point.get("row"), dict):
             raise BenchError(f"a point of {point['instance']} has no row (a vllm_bench result "
                              f"with a point)")
+        if point.get("status") == "ok" and not isinstance(point.get("result"), dict):
+            raise BenchError(f"a point of {point['instance']} is ok but has no result (a "
+                             f"vllm_bench result with a point)")
+        if not isinstance(point.get("status"), str):
+            raise BenchError(f"a point of {point['instance']} has no status (a vllm_bench "
+                             f"result with a point)")
     files, groups_by_instance = {}, {}
     all_groups = analyse([p["row"] for p in points], **analysis) if points else []
     for group in all_groups:
@@ -366,11 +379,18 @@ def _fmt(value):
     return f"{value:.4g}" if isinstance(value, float) else _e(value)
 
 
+def check_run_id(run_id):
+    """BenchError unless `run_id` is a folder name: 1-255 letters, digits, . _ -."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,255}", str(run_id or "")) or run_id in (".", ".."):
+        raise BenchError(f"run id {run_id!r:.80} must be a folder name (1-255 letters, "
+                         f"digits, . _ -)")
+    return run_id
+
+
 def write_run(root, run_id, files):
     """Write `files` under root/run_id, which must not exist (a run never overwrites
     another); return the folder's path."""
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", str(run_id or "")) or run_id in (".", ".."):
-        raise BenchError(f"run id {run_id!r} must be a folder name (letters, digits, . _ -)")
+    check_run_id(run_id)
     folder = os.path.join(os.fspath(root), run_id)
     os.makedirs(os.fspath(root), exist_ok=True)
     try:

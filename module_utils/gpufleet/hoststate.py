@@ -298,6 +298,6 @@ def build_record(digest, observed, published, recorded_at):
     """The record written after a full run."""
     if not isinstance(digest, str) or len(digest) != 64:
         raise HostStateError("inputs_digest must be the 64-hex sha256 site.yml's state play "
-                             f"computes (got {digest!r}); run site.yml, not this task alone")
+                             f"computes (got {digest!r:.80}); run site.yml, not this task alone")
     return {"format": FORMAT, "inputs_digest": digest, "observed": observed,
             "published": published, "recorded_at": recorded_at}

@@ -53,7 +53,7 @@ class RolloutError(ValueError):
 def _check_id(rollout):
     if not isinstance(rollout, str) or not _ID.match(rollout):
         raise RolloutError(f"a rollout id is 1-128 letters, digits, '.', '_', ':' or '-', "
-                           f"got {rollout!r}")
+                           f"got {rollout!r:.80}")
     return rollout
 
 
@@ -164,7 +164,7 @@ def take_lock(path, rollout, holder, scope, break_lock="", now=None, check_mode=
     `break_lock` names that rollout's id."""
     _check_id(rollout)
     if not isinstance(holder, str) or not holder or len(holder) > 256 or "\n" in holder:
-        raise RolloutError(f"holder must be a one-line name of at most 256 characters, got {holder!r}")
+        raise RolloutError(f"holder must be a one-line name of at most 256 characters, got {holder!r:.80}")
     if not isinstance(scope, (list, tuple)) or not all(isinstance(h, str) for h in scope):
         raise RolloutError(f"scope must be a list of host names, got {scope!r}")
     lock = {"version": 1, "rollout": rollout, "holder": holder, "scope": list(scope),

@@ -877,10 +877,10 @@ def _int_option(value, name, minimum=1, text=""):
     number = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    elif isinstance(value, str) and len(value) < 64 and value.strip().lstrip("-").isdigit():
         number = int(value.strip())
     if number is None or number < minimum:
-        raise TuneError(f"{name} {value!r} is refused: it must be an integer >= {minimum}"
+        raise TuneError(f"{name} {value!r:.80} is refused: it must be an integer >= {minimum}"
                         f"{text} (not a boolean, a fraction or other text)")
     return number
 
@@ -934,7 +934,7 @@ def _check_options(model, devices, max_model_len, target_concurrency,
         try:
             wanted = _int_option(max_model_len, "max_model_len", text=", or auto")
         except TuneError as exc:
-            raise TuneError(f"max_model_len {max_model_len!r} is not an integer or "
+            raise TuneError(f"max_model_len {max_model_len!r:.80} is not an integer or "
                             f"'auto': {exc}") from None
         if wanted > limit and not allow_long_context:
             raise TuneError(

@@ -65,6 +65,7 @@ options:
         C(repomd.xml), the signing key) may take in all - connecting, waiting and
         reading, however slowly the server sends. A file is read up to 64 MiB
         (C(hoststack.REPOSITORY_MAX_BYTES)).
+      - From 1 to 3600 (an hour).
     type: int
     default: 15
 """

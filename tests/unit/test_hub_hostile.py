@@ -405,7 +405,7 @@ def test_module_passes_the_limits_on(tmp_path, monkeypatch):
     res, failed = run_module(hf_model.main, {"repo_id": "org/m", "dest": str(tmp_path / "d"),
                                              "endpoint": "http://127.0.0.1:9",
                                              "max_api_bytes": 0}, monkeypatch)
-    assert failed and "max_api_bytes must be > 0" in res["msg"]
+    assert failed and "max_api_bytes must be a whole number of bytes from 1 to" in res["msg"]
 
 
 def test_token_docs_name_the_safe_forms():

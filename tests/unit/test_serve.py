@@ -507,8 +507,8 @@ def test_vllm_ready_run_failure_carries_diagnosis_and_log_tail():
 
 
 @pytest.mark.parametrize("args, message", [
-    ({"timeout": 0}, "timeout must be a positive"),
-    ({"interval": -1}, "interval must be a positive"),
+    ({"timeout": 0}, "timeout must be a whole number of seconds from 1 to 86400 (a day), not 0"),
+    ({"interval": -1}, "interval must be a whole number of seconds from 1 to 3600 (an hour), not -1"),
 ])
 def test_vllm_ready_main_bad_input(args, message, monkeypatch):
     import vllm_ready

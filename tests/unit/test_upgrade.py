@@ -390,7 +390,7 @@ def test_vllm_probe_idle_timeout_and_bad_input(monkeypatch):
     assert failed and "did not become idle within 1s" in result["msg"]
     result, failed = run_module(vllm_probe.main, {"url": "http://x", "max_error_rate": 2.0},
                                 monkeypatch)
-    assert failed and "max_error_rate within 0-1" in result["msg"]
+    assert failed and "max_error_rate must be a number from 0 to 1, not 2.0" in result["msg"]
 
 
 def test_run_probe_counts_transport_errors():
