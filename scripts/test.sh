@@ -45,6 +45,10 @@ molecule_pid=""
 on_exit() {
   if [[ -n "$images_pid" ]]; then kill -- "-$images_pid" 2>/dev/null || true; fi
   if [[ -n "$molecule_pid" ]]; then kill -- "-$molecule_pid" 2>/dev/null || true; fi
+  # a lab the Molecule lane brought up that no lab test took down (a stage failed first)
+  if [[ -n "$(docker ps -q --filter name=gpufleet-lab- 2>/dev/null)" && -z "${GPUFLEET_KEEP_LAB:-}" ]]; then
+    bash scripts/lab.sh down > /dev/null 2>&1 || true
+  fi
   stop_services
 }
 # The stand-in apt repository is built first, in the foreground: unit tests read it.
@@ -66,9 +70,11 @@ lint_log="$ROOT/.cache/test-logs/ansible-lint.log"
 mkdir -p "$(dirname "$lint_log")"
 ansible-lint --offline --profile production -q > "$lint_log" 2>&1 &
 lint_pid=$!
-stage "pytest: unit tests"
+stage "pytest: unit tests (two workers)"
+# Two pytest-xdist workers: ansible-lint holds one core for about a minute, then both work
+# for the unit tests (one worker took 3 min 28 s at CI stop 36; two, 1 min 51 s alone).
 unit_rc=0
-pytest -q -m "not slow" tests || unit_rc=$?
+pytest -q -n 2 -m "not slow" tests || unit_rc=$?
 lint_rc=0; wait "$lint_pid" || lint_rc=$?
 stage "ansible-lint's output (exit $lint_rc)"
 cat "$lint_log"
@@ -119,10 +125,22 @@ for s in "${BESIDE_SCENARIOS[@]}"; do [[ -f "molecule/$s/molecule.yml" ]] || die
 bash lab/apt/serve.sh
 molecule_log="$ROOT/.cache/test-logs/molecule.log"
 # its own process group (setsid), stopped with the run when a stage fails (on_exit)
+# When both are done, this lane brings the lab up (`scripts/lab.sh run`, about 5 1/2 min at
+# CI stop 36, then the first minutes of the lab stage) beside the other lane's last slow
+# tests: none of those uses the lab's names or ports (the mirrors' and vLLM's included).
+# Its exit code and log are left in $lab_done for the lab tests' fixture (tests/conftest.py),
+# which asserts on them as it does on its own run.
+lab_done="$ROOT/.cache/test-logs/lab-run.done"
+lab_log="$ROOT/.cache/test-logs/lab-run.log"
+rm -f "$lab_done"
 setsid bash -c 'set -euo pipefail; . scripts/lib.sh; molecule_tests $1
-    shift; log "== pytest $* (at $(date -u +%H:%M:%S))"
-    pytest -q -s --durations=10 -m "slow and not lab" "$@"' \
-  molecule "$scenarios" "${AFTER_MOLECULE[@]}" > "$molecule_log" 2>&1 &
+    lab_done=$2 lab_log=$3; shift 3; log "== pytest $* (at $(date -u +%H:%M:%S))"
+    pytest -q -s --durations=10 -m "slow and not lab" "$@"
+    log "== the lab: scripts/lab.sh run, for the lab stage (at $(date -u +%H:%M:%S)); log $lab_log"
+    rc=0; bash scripts/lab.sh run > "$lab_log" 2>&1 || rc=$?
+    echo "$rc $lab_log" > "$lab_done"
+    log "== the lab is up (exit $rc, at $(date -u +%H:%M:%S))"' \
+  molecule "$scenarios" "$lab_done" "$lab_log" "${AFTER_MOLECULE[@]}" > "$molecule_log" 2>&1 &
 molecule_pid=$!
 
 stage "pytest: slow tests without the lab (docker, mirrors, vLLM), beside Molecule"
@@ -146,6 +164,8 @@ if ((slow_rc != 0)); then
   die "slow tests without the lab failed (exit $slow_rc); their output is above Molecule's"
 fi
 
+[[ -f "$lab_done" ]] || die "the Molecule lane ended without bringing the lab up ($lab_done)"
+export GPUFLEET_LAB_RUN_DONE="$lab_done"
 stage "pytest: slow tests on the lab (the whole lab, alone)"
 # The lab run, its second run, check mode, the site.yml refusal, the control case, every
 # rolling upgrade of the issue under load ((a) settings, the same upgrade again, (b) image,
