@@ -17,7 +17,8 @@ test; test_benchmark.py runs on it after this file). scripts/test.sh (so CI) run
 all: the lab run, its second run, check mode, the site.yml refusal, the control case,
 (a) the settings change, an upgrade with nothing to change (the state (a) left), (b) the
 image change, (d) the bad canary, (e) the driver branch with reboots and (c) the model
-revision. A case picked alone (-k) finds the state the lab run left, not the one the
+revision; the front door's route table (every route of the running vLLM, keyless, straight
+and through the gateway) runs right after the lab run. A case picked alone (-k) finds the state the lab run left, not the one the
 case before it left: run the file whole.
   GPUFLEET_NO_SKIP=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
 """
@@ -36,10 +37,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from labrun import INVENTORY, NEXT_IMAGE, key, sh, skipped_hosts  # noqa: E402
 from load.loadgen import Load  # noqa: E402
+import routetable  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 CHAT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBED = "sentence-transformers/all-MiniLM-L6-v2"
 GATEWAY = "http://127.0.0.1:19000"
 DIRECT = "http://127.0.0.1:18000"  # lab-h200's own port: the path before the gateway
 CHAT_CONTAINERS = {"lab-h200": f"vllm-lab-h200-{CHAT.lower().replace('/', '-')}",
@@ -187,6 +190,34 @@ def test_prometheus_scrapes_every_serving_instance(lab):
     rules = sh("docker", "exec", "gpufleet-lab-lab-gw", "promtool", "check", "rules",
                "/etc/prometheus/rules/gpufleet.yml").stdout
     assert "SUCCESS: 5 rules found" in rules, rules
+
+
+def test_every_route_needs_the_key_at_the_gateway(lab):
+    """The front door (roles/vllm_gateway, docs/gateway.md): every route the running vLLM
+    lists in its own /openapi.json, sent without a key straight to the instance and
+    through the gateway. Straight, vLLM's own key check lets part of them through (the
+    control: what the gateway closes); through the gateway each answers 401 but GET
+    /health. With the key, a listed route answers and an unlisted one gets 404."""
+    assert lab["rc"] == 0, why(lab["output"])
+    for model, direct, gateway in ((CHAT, DIRECT, GATEWAY),
+                                   (EMBED, "http://127.0.0.1:18100", "http://127.0.0.1:19100")):
+        rows = routetable.table(routetable.routes(routetable.fetch_openapi(direct)),
+                                {"direct": direct, "gateway": gateway})
+        print(f"\n[routes] {model}, no key:\n" + routetable.render(rows, ["direct", "gateway"]))
+        assert len(rows) >= 15, rows
+        open_direct = sorted(r for r, got in rows.items() if got["direct"] not in (401, 404, 405))
+        assert len(open_direct) > 1, rows  # GET /health and more: vLLM's key covers /v1/ only
+        gate = {" ".join(r): got["gateway"] for r, got in rows.items()}
+        assert gate.pop("GET /health") == 200, rows
+        assert set(gate.values()) == {401}, rows
+    keyed = routetable.status(GATEWAY, "POST", "/invocations", key=key())
+    assert keyed == 404, keyed
+    req = urllib.request.Request(GATEWAY + "/tokenize", method="POST",
+                                 data=json.dumps({"model": CHAT, "prompt": "hi"}).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {key()}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200 and json.load(resp)["tokens"], "tokenize through the gateway"
 
 
 SERVING = ("lab-h200", "lab-a10g", "lab-a100")  # the GPU hosts the lab run recorded
@@ -377,6 +408,147 @@ def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
     assert "NVIDIA driver 590.44.01 verified" in out
     # the same image, arguments and environment as the last good deploy: no argument check
     assert args_checks(out) == [], args_checks(out)
+
+
+# Rollouts that survive failure (issue 31, item 10), on the state (e) left, one host
+# (lab-h200, the canary) while lab-a10g serves the load: a settings change to 768 tokens.
+F_STATE = dict(E_STATE, vllm_server_models=chat_models(768))
+STATE_FILE = "/var/lib/gpufleet/rollout-state.json"  # fleet_upgrade_state_path's default
+LOCK_FILE = "/var/lib/gpufleet/rollout.lock"  # fleet_upgrade_lock_path's default, on lab-gw
+STATS_CSV = "http://127.0.0.1:19405/stats;csv"  # the gateway's stats frontend
+
+
+def rollout_state(host):
+    """The host's rollout state file ({} when absent) and its mode."""
+    proc = sh("docker", "exec", f"gpufleet-lab-{host}", "sh", "-c",
+              f"stat -c %a {STATE_FILE} && cat {STATE_FILE}", check=False)
+    if proc.returncode:
+        return {}, None
+    mode, _, text = proc.stdout.partition("\n")
+    return json.loads(text), mode.strip()
+
+
+def chat_servers():
+    """{server: status} of the chat model's backend at the gateway (HAProxy's stats CSV)."""
+    import csv
+    import io
+    with urllib.request.urlopen(STATS_CSV, timeout=10) as resp:
+        rows = csv.DictReader(io.StringIO(resp.read(2 ** 20).decode().lstrip("# ")))
+    return {r["svname"]: r["status"] for r in rows
+            if "SmolLM2" in r["pxname"] and r["svname"] not in ("FRONTEND", "BACKEND")}
+
+
+def start_playbook(name, change, limit, extra, log):
+    """upgrade.yml started in its own process group (so it can be killed as a user's
+    Ctrl-C or a crash would), its output in .cache/test-logs/<log>.log."""
+    import subprocess
+    OVERLAY.write_text(json.dumps({"all": {"hosts": {limit: change}}}))
+    path = ROOT / ".cache/test-logs" / f"{log}.log"
+    out = path.open("w")
+    proc = subprocess.Popen(
+        [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY), "-i", str(OVERLAY),
+         name, "--limit", limit, "-e", json.dumps(extra)],
+        cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        env=dict(os.environ, ANSIBLE_FORCE_COLOR="0"))
+    return proc, path
+
+
+def wait_for_step(host, steps, proc, timeout=600):
+    """Poll the host's rollout state until its step is one of `steps`."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state, _ = rollout_state(host)
+        if state.get("step") in steps:
+            return state
+        assert proc.poll() is None, f"the run ended before {host} reached {steps}: {state}"
+        time.sleep(0.5)
+    raise AssertionError(f"{host} never reached {steps}: {rollout_state(host)}")
+
+
+def test_f_a_gateway_reload_mid_change_keeps_the_host_out(lab):
+    """Item 10 (d): HAProxy reloaded (systemctl reload, as a site.yml run that touches the
+    gateway does) while lab-h200 is out of service for its change: it stays MAINT through
+    the reload, the rollout re-enables it itself, and no request fails. (The control, the
+    same reload without the saved states putting the server back UP mid-change, is in
+    molecule/vllm_gateway's verify: it needs no vLLM.)"""
+    seen = {}
+
+    def action():
+        proc, path = start_playbook("playbooks/upgrade.yml", F_STATE, "lab-h200", FAST,
+                                    "test_f_reload")
+        try:
+            wait_for_step("lab-h200", ("out_of_service", "applied"), proc)
+            seen["before"] = chat_servers()
+            sh("docker", "exec", "gpufleet-lab-lab-gw", "systemctl", "reload", "haproxy")
+            import time
+            time.sleep(3)
+            seen["after"] = chat_servers()
+            proc.wait(timeout=1200)
+        finally:
+            OVERLAY.unlink(missing_ok=True)
+        return proc.returncode, path.read_text()
+
+    (rc, out), totals = under_load(GATEWAY, action)
+    print(f"\n[reload] lab-h200 out of service, before the reload: {seen.get('before')}; "
+          f"3 s after: {seen.get('after')}; exit {rc}")
+    assert rc == 0, why(out)
+    assert seen["before"]["lab-h200_18000"].startswith("MAINT"), seen
+    assert seen["after"]["lab-h200_18000"].startswith("MAINT"), seen
+    assert seen["after"]["lab-a10g_18200"] == "UP", seen
+    assert set(chat_servers().values()) == {"UP"}, chat_servers()
+    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
+    assert rollout_state("lab-h200")[0]["step"] == "recorded"
+
+
+def test_g_a_controller_killed_after_the_drain_is_resumed_by_the_next_run(lab):
+    """Item 10 (b): the controller killed (SIGKILL to upgrade.yml's process group) right
+    after lab-h200 was drained. The host keeps its state (0600) and stays out at the
+    gateway; the lock names the dead run. The next run is refused by that lock and says
+    how to take it over; with fleet_upgrade_break_lock it resumes the host first, finishes
+    it and re-enables it. No request fails throughout."""
+    change = dict(F_STATE, vllm_server_models=chat_models(640))
+    left = {}
+
+    def action():
+        import signal
+        proc, path = start_playbook("playbooks/upgrade.yml", change, "lab-h200", FAST,
+                                    "test_g_killed")
+        try:
+            left["state"] = wait_for_step("lab-h200", ("out_of_service",), proc)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+        finally:
+            OVERLAY.unlink(missing_ok=True)
+        left["file"], left["mode"] = rollout_state("lab-h200")
+        left["servers"] = chat_servers()
+        left["lock"] = json.loads(sh("docker", "exec", "gpufleet-lab-lab-gw", "cat", LOCK_FILE).stdout)
+        refused = playbook("playbooks/upgrade.yml", change, limit="lab-h200", extra=FAST)
+        rollout = left["lock"]["rollout"]
+        resumed = playbook("playbooks/upgrade.yml", change, limit="lab-h200",
+                           extra=dict(FAST, fleet_upgrade_break_lock=rollout))
+        return refused, resumed
+
+    (refused, resumed), totals = under_load(GATEWAY, action)
+    print(f"\n[killed] left on lab-h200: {STATE_FILE} mode {left['mode']}: "
+          f"{json.dumps(left['file'])}\n[killed] gateway: {left['servers']}; lock: {left['lock']}")
+    assert left["mode"] == "600" and left["file"]["step"] == "out_of_service", left
+    assert left["servers"]["lab-h200_18000"].startswith("MAINT"), left
+    assert left["servers"]["lab-a10g_18200"] == "UP", left
+    rc, out = refused
+    assert rc != 0 and f"fleet_upgrade_break_lock={left['lock']['rollout']}" in out, why(out)
+    rc, out = resumed
+    assert rc == 0, why(out)
+    assert f"resume rollout {left['lock']['rollout']} (left at out_of_service" in out, why(out)
+    print("[killed] the rerun: " + next(line.strip() for line in out.splitlines()
+                                        if "resume rollout" in line))
+    assert set(chat_servers().values()) == {"UP"}, chat_servers()
+    assert rollout_state("lab-h200")[0]["step"] == "recorded"
+    assert sh("docker", "exec", "gpufleet-lab-lab-gw", "test", "-e", LOCK_FILE,
+              check=False).returncode != 0, "the lock was not released"
+    cmd = inspect(CHAT_CONTAINERS["lab-h200"])["cmd"]
+    assert cmd[cmd.index("--max-model-len") + 1] == "640"
+    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
 
 
 # Last: the inventory's own model source (the site mirror, revision main) is left behind.

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """STAND-IN vLLM instances for the vllm_gateway scenario: tiny HTTP servers on 127.0.0.1
 (not vLLM), also used by the fleet_monitoring scenario. Each answers GET /health with 200,
-GET/POST /v1/* with JSON naming its own port and the Authorization header exactly as it
-arrived, and GET /metrics with a few gauges under vLLM's own metric names (the Prometheus
-text format, the values fixed); nothing else.
+GET /metrics with a few gauges under vLLM's own metric names (the Prometheus text format,
+the values fixed), and every other GET or POST, keyless, with JSON naming its own port, the
+path and the Authorization header exactly as it arrived (as vLLM's routes that check no key
+do: only the gateway's front door can refuse them).
 
   backends.py start STATE PORT...   serve in the background (pid in STATE/backends.pid),
                                      stopping by itself after --lifetime seconds
@@ -39,23 +40,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
             code, body = 200, b""
         elif self.path == "/metrics":
             code, body = 200, METRICS.format(model="stand-in").encode()
-        elif self.path.startswith("/v1/"):
+        else:
+            # Every other path answers, keyless, as several of vLLM's own routes do (/tokenize,
+            # /invocations, /load, ...): only the gateway can refuse them.
             length = int(self.headers.get("Content-Length") or 0)
             if length:
-                self.rfile.read(length)
+                self.rfile.read(min(length, 2 ** 20))
             code = 200
-            body = json.dumps({"port": self.server.server_port,
+            body = json.dumps({"port": self.server.server_port, "path": self.path,
                                "authorization": self.headers.get("Authorization")}).encode()
-        else:
-            code, body = 404, b""
         self.send_response(code)
         self.send_header("Content-Type", "text/plain; version=0.0.4" if self.path == "/metrics"
                          else "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
-    do_GET = do_POST = _answer
+    do_GET = do_POST = do_HEAD = _answer
 
     def log_message(self, *args):
         pass
