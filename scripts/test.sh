@@ -167,12 +167,12 @@ fi
 [[ -f "$lab_done" ]] || die "the Molecule lane ended without bringing the lab up ($lab_done)"
 export GPUFLEET_LAB_RUN_DONE="$lab_done"
 stage "pytest: slow tests on the lab (the whole lab, alone)"
-# The lab run, its second run, check mode, the site.yml refusal, the control case, every
-# rolling upgrade of the issue under load ((a) settings, the same upgrade again, (b) image,
-# (d) bad canary, (e) driver branch with reboots, (c) model revision), then
-# playbooks/benchmark.yml, on one lab. Measured alone on this 2-core machine, idle
-# (2026-12-04): the upgrade file 32 min 20 s, (b), (e) and (c) 15 min 44 s of it; this
-# stage 33 min 59 s of a 50 min 13 s clean-clone CI run (docs/upgrades.md, "Status").
+# The lab run (brought up by the Molecule lane), the front door's route table, its second
+# run, check mode, the site.yml refusal, the control case, every rolling upgrade under load
+# ((a) settings, the same upgrade again, (b) image, (d) bad canary, (e) driver branch with
+# reboots, (f) HAProxy reloaded mid-change, (g) the controller killed after a drain, then
+# resumed, (c) model revision), then playbooks/benchmark.yml, on one lab. Each stage above
+# prints its start; pytest's --durations gives each case's time.
 # -s: the load totals (requests sent and failed) are printed.
 pytest -q -s --durations=30 -m "slow and lab" tests
 stage "done"

@@ -16,8 +16,9 @@ session's lab of tests/conftest.py (one `scripts/lab.sh run`, removed after the 
 test; test_benchmark.py runs on it after this file). scripts/test.sh (so CI) runs them
 all: the lab run, its second run, check mode, the site.yml refusal, the control case,
 (a) the settings change, an upgrade with nothing to change (the state (a) left), (b) the
-image change, (d) the bad canary, (e) the driver branch with reboots and (c) the model
-revision; the front door's route table (every route of the running vLLM, keyless, straight
+image change, (d) the bad canary, (e) the driver branch with reboots, (f) HAProxy reloaded
+mid-change, (g) the controller killed after a drain and the next run resuming, (h) two runs started
+at once, and (c) the model revision; the front door's route table (every route of the running vLLM, keyless, straight
 and through the gateway) runs right after the lab run. A case picked alone (-k) finds the state the lab run left, not the one the
 case before it left: run the file whole.
   GPUFLEET_NO_SKIP=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
@@ -27,6 +28,7 @@ import os
 import pathlib
 import re
 import sys
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -212,12 +214,26 @@ def test_every_route_needs_the_key_at_the_gateway(lab):
         assert set(gate.values()) == {401}, rows
     keyed = routetable.status(GATEWAY, "POST", "/invocations", key=key())
     assert keyed == 404, keyed
-    req = urllib.request.Request(GATEWAY + "/tokenize", method="POST",
-                                 data=json.dumps({"model": CHAT, "prompt": "hi"}).encode(),
-                                 headers={"Content-Type": "application/json",
-                                          "Authorization": f"Bearer {key()}"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        assert resp.status == 200 and json.load(resp)["tokens"], "tokenize through the gateway"
+
+    def tokenize(base, auth):
+        req = urllib.request.Request(base + "/tokenize", method="POST",
+                                     data=json.dumps({"model": CHAT, "prompt": "hi"}).encode(),
+                                     headers={"Content-Type": "application/json", **auth})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.load(resp).get("tokens")
+        except urllib.error.HTTPError as err:
+            return err.code, None
+
+    # a real body: straight to vLLM the keyless request is answered (the hole), through the
+    # gateway it is refused, and with the key the gateway lets it through
+    direct, gated, keyed = (tokenize(DIRECT, {}), tokenize(GATEWAY, {}),
+                            tokenize(GATEWAY, {"Authorization": f"Bearer {key()}"}))
+    print(f"[routes] POST /tokenize with a real body: straight, no key {direct[0]}; "
+          f"gateway, no key {gated[0]}; gateway, key {keyed[0]}")
+    assert direct[0] == 200 and direct[1], direct
+    assert gated == (401, None), gated
+    assert keyed[0] == 200 and keyed[1], keyed
 
 
 SERVING = ("lab-h200", "lab-a10g", "lab-a100")  # the GPU hosts the lab run recorded
@@ -438,15 +454,16 @@ def chat_servers():
             if "SmolLM2" in r["pxname"] and r["svname"] not in ("FRONTEND", "BACKEND")}
 
 
-def start_playbook(name, change, limit, extra, log):
+def start_playbook(name, change, limit, extra, log, overlay=OVERLAY):
     """upgrade.yml started in its own process group (so it can be killed as a user's
-    Ctrl-C or a crash would), its output in .cache/test-logs/<log>.log."""
+    Ctrl-C or a crash would), its output in .cache/test-logs/<log>.log; `change` in the
+    inventory of `limit` (the file `overlay`, which the caller removes)."""
     import subprocess
-    OVERLAY.write_text(json.dumps({"all": {"hosts": {limit: change}}}))
+    overlay.write_text(json.dumps({"all": {"hosts": {limit: change}}}))
     path = ROOT / ".cache/test-logs" / f"{log}.log"
     out = path.open("w")
     proc = subprocess.Popen(
-        [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY), "-i", str(OVERLAY),
+        [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY), "-i", str(overlay),
          name, "--limit", limit, "-e", json.dumps(extra)],
         cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         env=dict(os.environ, ANSIBLE_FORCE_COLOR="0"))
@@ -539,15 +556,65 @@ def test_g_a_controller_killed_after_the_drain_is_resumed_by_the_next_run(lab):
     assert rc != 0 and f"fleet_upgrade_break_lock={left['lock']['rollout']}" in out, why(out)
     rc, out = resumed
     assert rc == 0, why(out)
-    assert f"resume rollout {left['lock']['rollout']} (left at out_of_service" in out, why(out)
-    print("[killed] the rerun: " + next(line.strip() for line in out.splitlines()
-                                        if "resume rollout" in line))
+    flat = " ".join(out.split())
+    assert f"resume rollout {left['lock']['rollout']} (left at out_of_service" in flat, why(out)
+    print("[killed] the rerun: " + re.search(r"resume rollout [^)]+\)", flat).group(0))
     assert set(chat_servers().values()) == {"UP"}, chat_servers()
     assert rollout_state("lab-h200")[0]["step"] == "recorded"
     assert sh("docker", "exec", "gpufleet-lab-lab-gw", "test", "-e", LOCK_FILE,
               check=False).returncode != 0, "the lock was not released"
     cmd = inspect(CHAT_CONTAINERS["lab-h200"])["cmd"]
     assert cmd[cmd.index("--max-model-len") + 1] == "640"
+    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
+
+
+def test_h_two_runs_started_at_once_one_rolls_and_the_other_is_refused(lab):
+    """Item 10 (e): two operators start upgrade.yml in the same second, one for lab-h200,
+    one for lab-a10g (each alone would pass its capacity gate: together they would drain
+    the model's two instances). Exactly one takes the lock and rolls its host; the other
+    is refused before any drain, naming the rollout, its holder and its hosts. No request
+    fails; every server is UP at the end and the lock is released."""
+    import time
+    overlays = {h: ROOT / f"inventories/lab/.test-overlay-{h}.yml" for h in CHAT_HOSTS}
+    change = {"lab-h200": dict(F_STATE, vllm_server_models=chat_models(1024)),
+              "lab-a10g": dict(F_STATE, vllm_server_models=chat_models(896))}
+    before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+
+    def action():
+        runs = {}
+        try:
+            for host in CHAT_HOSTS:
+                runs[host] = start_playbook("playbooks/upgrade.yml", change[host], host, FAST,
+                                            f"test_h_{host}", overlay=overlays[host])
+            deadline = time.monotonic() + 1500
+            while any(p.poll() is None for p, _ in runs.values()) and time.monotonic() < deadline:
+                time.sleep(1)
+        finally:
+            for path in overlays.values():
+                path.unlink(missing_ok=True)
+            for proc, _ in runs.values():
+                if proc.poll() is None:
+                    proc.kill()
+        return {h: (p.returncode, path.read_text()) for h, (p, path) in runs.items()}
+
+    runs, totals = under_load(GATEWAY, action)
+    ok = [h for h, (rc, _) in runs.items() if rc == 0]
+    refused = [h for h, (rc, out) in runs.items() if rc != 0 and "another rollout holds the fleet" in out]
+    print(f"\n[two runs] exit codes {dict((h, rc) for h, (rc, _) in runs.items())}; rolled: {ok}; "
+          f"refused: {refused}")
+    assert len(ok) == 1 and len(refused) == 1, {h: why(out) for h, (rc, out) in runs.items()}
+    flat = " ".join(runs[refused[0]][1].split())  # the message as one line, however wrapped
+    message = re.search(r"another rollout holds the fleet: rollout \S+ by \S+, started \S+, "
+                        r"on [^(]+", flat)
+    assert message, why(runs[refused[0]][1])
+    print(f"[two runs] {refused[0]}: {message.group(0)}")
+    assert message.group(0).endswith(f"on {ok[0]} "), message.group(0)  # the holder's scope
+    after = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    assert after[ok[0]]["id"] != before[ok[0]]["id"], "the run that held the lock changed nothing"
+    assert after[refused[0]] == before[refused[0]], "the refused run touched its host"
+    assert set(chat_servers().values()) == {"UP"}, chat_servers()
+    assert sh("docker", "exec", "gpufleet-lab-lab-gw", "test", "-e", LOCK_FILE,
+              check=False).returncode != 0, "the lock was not released"
     assert totals["failed"] == 0 and totals["sent"] >= 20, totals
 
 
