@@ -194,6 +194,18 @@ def test_prometheus_scrapes_every_serving_instance(lab):
     assert "SUCCESS: 5 rules found" in rules, rules
 
 
+def test_the_summary_waits_for_prometheus_to_list_every_instance(lab):
+    """Right after Prometheus (re)starts it has not read its file_sd yet: the summary waits
+    until it lists every instance of the fleet's list. (Control, run by hand on 2026-12-06:
+    summary.yml as it was at bb33b55, which waited only for no "unknown" target, printed
+    "0 of 0 vLLM instances up" after each of two restarts; this one "3 of 3".)"""
+    assert lab["rc"] == 0, why(lab["output"])
+    sh("docker", "exec", "gpufleet-lab-lab-gw", "systemctl", "restart", "prometheus")
+    rc, out = playbook("playbooks/summary.yml", limit=None)
+    assert rc == 0, why(out)
+    assert f"prometheus lab-gw {PROMETHEUS}: 3 of 3 vLLM instances up" in out, out[-3000:]
+
+
 def test_every_route_needs_the_key_at_the_gateway(lab):
     """The front door (roles/vllm_gateway, docs/gateway.md): every route the running vLLM
     lists in its own /openapi.json, sent without a key straight to the instance and
