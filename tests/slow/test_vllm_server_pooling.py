@@ -22,6 +22,7 @@ import requests
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MINILM = ROOT / ".cache" / "lab" / "models" / "sentence-transformers" / "all-MiniLM-L6-v2"
 NAME = "vllmsrv-pool-sentence-transformers-all-minilm-l6-v2"
+SHARED = ROOT / "molecule" / "shared" / "vllm-cpu-host.yml"
 
 pytestmark = pytest.mark.slow
 
@@ -55,13 +56,13 @@ def playbook(tmp_path):
 
 
 def _run(playbook, tmp_path, key, port, max_model_len, extra_args=(), expect_ok=True):
+    # after the lab's vLLM settings as the Molecule scenarios run them (SHARED: the image,
+    # its CPU runtime, one engine process), which these override where they differ
     extra = {
-        "vllm_server_image": "gpufleet/vllm-cpu:lab", "vllm_server_image_pull": "never",
-        "vllm_server_gpu_runtime": "none", "vllm_server_container_prefix": "vllmsrv-pool-",
-        "vllm_server_api_key": key, "vllm_server_shm_size": "1g",
+        "vllm_server_container_prefix": "vllmsrv-pool-",
+        "vllm_server_api_key": key,
         "vllm_server_install_docker_sdk": False, "vllm_server_warmup_requests": 1,
         "vllm_server_cache_root": str(tmp_path / "vllm-cache"),
-        "vllm_server_ready_timeout": 600, "vllm_server_ready_interval": 2,
         "vllm_server_models": [{
             "name": "sentence-transformers/all-MiniLM-L6-v2", "path": str(MINILM),
             "port": port, "max_model_len": max_model_len,
@@ -78,7 +79,7 @@ def _run(playbook, tmp_path, key, port, max_model_len, extra_args=(), expect_ok=
     proc = subprocess.run(
         [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local",
          "-e", f"ansible_python_interpreter={ROOT / '.venv' / 'bin' / 'python'}",
-         "-e", f"@{extra_file}", "-vvv", str(playbook)],
+         "-e", f"@{SHARED}", "-e", f"@{extra_file}", "-vvv", str(playbook)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     output = proc.stdout + proc.stderr
     assert key not in output
