@@ -1,8 +1,11 @@
 """One grammar per input that reaches a generated configuration or a command line
-(issue #32 item 3): served model names, host names and addresses, ports. Checked once,
-here, at every module boundary that takes them (serve.plan and registry_entry, gateway's
-load_instances and plan_gateway), so a value holding a newline and HAProxy, Prometheus or
-systemd syntax is refused with what was wrong instead of becoming a new section of a file.
+(issue #32 item 3): served model names, host names and addresses, ports, durations,
+configuration paths. Checked once, here, at every module boundary that takes them
+(serve.plan and registry_entry, gateway's load_instances and plan_gateway) and in the
+preflight of every role that writes them into a file (through the filter
+gpufleet_bad_inputs: check_inputs below), so a value holding a newline and HAProxy,
+Prometheus, nginx or systemd syntax is refused with what was wrong instead of becoming a
+new section of a file or a new argument of a command line.
 Plain Python, no Ansible imports.
 """
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import ipaddress
 import re
 
-__all__ = ["GrammarError", "address", "host_name", "port", "served_model_name"]
+__all__ = ["GrammarError", "address", "check_inputs", "config_path", "count", "duration",
+           "fraction", "haproxy_time", "host_name", "integer", "keywords", "port",
+           "served_model_name", "url_path", "url_paths"]
 
 # Hugging Face repository ids (org/name: letters, digits, '-', '_', '.') and the names
 # operators give vLLM's --served-model-name in practice (a ':' tag, an '@' revision, '+').
@@ -18,6 +23,21 @@ _SERVED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,255}")
 # RFC 1123 host names (inventory names and DNS names): labels of letters, digits and '-',
 # joined by dots; an inventory name may also hold '_' (Ansible's own rule is looser).
 _LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+# Prometheus' durations (model.ParseDuration): units from the largest to the smallest,
+# each at most once, e.g. 15s, 1m, 1h30m, 15d, 500ms.
+_DURATION = re.compile(r"(?:\d+y)?(?:\d+w)?(?:\d+d)?(?:\d+h)?(?:\d+m)?(?:\d+s)?(?:\d+ms)?")
+# A path written into a configuration file or an argument: absolute, of letters, digits and
+# . _ / @ + - only (no space, quote, ';', '$', '#', '{', newline or other control character:
+# what nginx, YAML, systemd's EnvironmentFile and a shell-like ARGS line would read as syntax).
+_PATH = re.compile(r"/[A-Za-z0-9._/@+-]{0,4095}")
+# HAProxy's time format: a whole number, then us, ms (the default), s, m, h or d.
+_HAPROXY_TIME = re.compile(r"\d{1,10}(?:us|ms|s|m|h|d)?")
+# Space-separated keywords of a directive (balance leastconn, retry-on conn-failure 503,
+# balance random(2)): letters, digits and _ ( ) . , - only.
+_KEYWORDS = re.compile(r"[A-Za-z0-9_().,-]+(?: [A-Za-z0-9_().,-]+)*")
+# A URL path as HAProxy matches it and a health check asks for it: '/' then unreserved
+# characters and '/' (no space, query, '#' or percent-escape).
+_URL_PATH = re.compile(r"/[A-Za-z0-9._~/-]{0,255}")
 
 
 class GrammarError(ValueError):
@@ -73,3 +93,129 @@ def port(value, what="port"):
     if text is None or not text.isdigit() or not 0 < int(text) < 65536:
         raise GrammarError(f"{what} must be a whole number 1-65535, got {value!r:.80}")
     return int(text)
+
+
+def duration(value, what="duration"):
+    """A Prometheus duration: whole numbers with units y w d h m s ms, largest first, each
+    once, at least one (15s, 1m, 1h30m, 15d)."""
+    text = _text(value, what)
+    if not text or not _DURATION.fullmatch(text) or not any(c.isdigit() and c != "0" for c in text):
+        raise GrammarError(f"{what} {text!r:.120} is not a duration: use whole numbers with the "
+                           "units y w d h m s ms, largest first (15s, 1m, 1h30m, 15d), above zero")
+    return text
+
+
+def config_path(value, what="path"):
+    """An absolute path of letters, digits and . _ / @ + - (no '..' component)."""
+    text = _text(value, what)
+    if not _PATH.fullmatch(text) or ".." in text.split("/"):
+        raise GrammarError(f"{what} {text!r:.120} is not a usable path: give an absolute path "
+                           "of letters, digits and . _ / @ + - without '..' (it is written into "
+                           "configuration files)")
+    return text
+
+
+def _number(value, what):
+    import math
+
+    if isinstance(value, bool):
+        raise GrammarError(f"{what} must be a number, got {value!r}")
+    try:
+        number = float(value) if isinstance(value, (str, int, float)) else None
+    except ValueError:
+        number = None
+    if number is None or not math.isfinite(number):
+        raise GrammarError(f"{what} must be a number, got {value!r:.80}")
+    return number
+
+
+def fraction(value, what="fraction"):
+    """A number above 0 and at most 1 (a share, e.g. of the KV cache)."""
+    number = _number(value, what)
+    if not 0 < number <= 1:
+        raise GrammarError(f"{what} must be above 0 and at most 1, got {value!r:.80}")
+    return number
+
+
+def count(value, what="count"):
+    """A whole number >= 0 (an int, or a string of digits)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).isdigit():
+        raise GrammarError(f"{what} must be a whole number >= 0, got {value!r:.80}")
+    return int(value)
+
+
+def haproxy_time(value, what="time"):
+    """An HAProxy time: a whole number, then us, ms (the default), s, m, h or d."""
+    text = _text(value, what)
+    if not _HAPROXY_TIME.fullmatch(text):
+        raise GrammarError(f"{what} {text!r:.120} is not an HAProxy time: a whole number, then "
+                           "us, ms, s, m, h or d (5s, 30m)")
+    return text
+
+
+def keywords(value, what="keywords"):
+    """1-256 characters of space-separated keywords (letters, digits, _ ( ) . , -)."""
+    text = _text(value, what)
+    if len(text) > 256 or not _KEYWORDS.fullmatch(text):
+        raise GrammarError(f"{what} {text!r:.120} is not a list of keywords: words of letters, "
+                           "digits and _ ( ) . , - separated by single spaces (at most 256 "
+                           "characters)")
+    return text
+
+
+def url_path(value, what="URL path"):
+    """'/' then up to 255 of A-Z a-z 0-9 - . _ ~ /."""
+    text = _text(value, what)
+    if not _URL_PATH.fullmatch(text):
+        raise GrammarError(f"{what} {text!r:.120} is not a URL path: '/' then up to 255 of "
+                           "A-Z a-z 0-9 - . _ ~ / (no space, query or percent-escape)")
+    return text
+
+
+def url_paths(value, what="URL paths"):
+    """A list of url_path; the message names every entry that breaks the rule."""
+    if not isinstance(value, (list, tuple)):
+        raise GrammarError(f"{what} must be a list of URL paths, got {type(value).__name__}")
+    bad = []
+    for entry in value:
+        try:
+            url_path(entry, what)
+        except GrammarError:
+            bad.append(f"{entry!r:.80}")
+    if bad:
+        raise GrammarError(f"{what}: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''} "
+                           f"{'is not a URL path' if len(bad) == 1 else 'are not URL paths'}: "
+                           "'/' then up to 255 of A-Z a-z 0-9 - . _ ~ / (no space, query or "
+                           "percent-escape)")
+    return list(value)
+
+
+def integer(value, what="number"):
+    """A whole number, negative or not (an int, or a string of digits after an optional '-')."""
+    text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if text is None or not re.fullmatch(r"-?\d{1,18}", text):
+        raise GrammarError(f"{what} must be a whole number, got {value!r:.80}")
+    return int(text)
+
+
+_KINDS = {"address": address, "config_path": config_path, "count": count,
+          "duration": duration, "fraction": fraction, "haproxy_time": haproxy_time,
+          "host_name": host_name, "integer": integer, "keywords": keywords, "port": port,
+          "served_model_name": served_model_name, "url_path": url_path, "url_paths": url_paths}
+
+
+def check_inputs(inputs):
+    """The messages for the entries of `inputs` ({name: [kind, value]}, kinds: the
+    functions of this module) that break their grammar; [] when every one holds. A role's
+    preflight fails with them before it changes anything."""
+    if not isinstance(inputs, dict):
+        raise GrammarError(f"inputs must be a mapping of name: [kind, value], got {type(inputs).__name__}")
+    errors = []
+    for name, spec in inputs.items():
+        if not isinstance(spec, (list, tuple)) or len(spec) != 2 or spec[0] not in _KINDS:
+            raise GrammarError(f"{name}: give [kind, value] with a kind of {sorted(_KINDS)}, got {spec!r:.120}")
+        try:
+            _KINDS[spec[0]](spec[1], name)
+        except GrammarError as exc:
+            errors.append(str(exc))
+    return errors

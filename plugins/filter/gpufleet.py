@@ -50,6 +50,17 @@ def bad_addresses(values, networks=False):
     return hub_mirror.bad_addresses(values, networks)
 
 
+def bad_inputs(inputs):
+    """gpufleet.grammar.check_inputs: the messages for the values of `inputs`
+    ({variable: [kind, value]}) that break their kind's rule; [] when all hold."""
+    from gpufleet import grammar
+
+    try:
+        return grammar.check_inputs(inputs)
+    except grammar.GrammarError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
 def host_models(instances, hosts):
     """{host: [served model names]} for `hosts` (in their order) from the fleet's list."""
     out = {h: [] for h in hosts}
@@ -120,6 +131,7 @@ class FilterModule:
     def filters(self):
         return {
             "gpufleet_bad_addresses": bad_addresses,
+            "gpufleet_bad_inputs": bad_inputs,
             "gpufleet_bad_repo_ids": bad_repo_ids,
             "gpufleet_host_models": host_models,
             "gpufleet_models_with_secret_args": tune.models_with_secret_args,

@@ -142,3 +142,201 @@ def test_control_without_the_checks_a_hostile_name_adds_a_backend(monkeypatch):
     plan = gateway.plan_gateway(gateway.load_instances([_entry(served=INJECT)]),
                                 [{"served_model_name": INJECT, "port": 9000}], 9100)
     assert "backend evil" in _sections(_render(plan))
+
+
+# --- durations, paths, numbers: the Prometheus role's inputs ----------------------------------
+@pytest.mark.parametrize("value", ["15s", "1m", "1h30m", "15d", "500ms", "2w", "1y", "90s"])
+def test_real_durations_pass(value):
+    assert grammar.duration(value) == value
+
+
+@pytest.mark.parametrize("value", ["", "0s", "m", "1x", "2m3h", "1.5m", "-1m", " 1m", "1m\n",
+                                   "1m\n  - alert: Evil", "15d --web.enable-admin-api", *WRONG_TYPES])
+def test_hostile_durations_are_refused(value):
+    with pytest.raises(grammar.GrammarError, match="duration|must be a string"):
+        grammar.duration(value)
+
+
+@pytest.mark.parametrize("value", ["/etc/prometheus", "/srv/hf-mirror", "/var/lib/gpu-fleet_1/a.b@c+d"])
+def test_real_config_paths_pass(value):
+    assert grammar.config_path(value) == value
+
+
+@pytest.mark.parametrize("value", ["etc/prometheus", "/etc/../root", "/a b", "/a;b", "/a\nb",
+                                   "/a'b", "/a$b", "/a#b", "/a{b}", "", "/" + "a" * 5000, *WRONG_TYPES])
+def test_hostile_config_paths_are_refused(value):
+    with pytest.raises(grammar.GrammarError):
+        grammar.config_path(value)
+
+
+@pytest.mark.parametrize("value,ok", [(0.9, True), ("0.5", True), (1, True), (0, False),
+                                      (1.01, False), (math.nan, False), (math.inf, False),
+                                      ("0.9 or vector(1)", False), (True, False), (None, False)])
+def test_fractions(value, ok):
+    if ok:
+        assert 0 < grammar.fraction(value) <= 1
+    else:
+        with pytest.raises(grammar.GrammarError):
+            grammar.fraction(value)
+
+
+@pytest.mark.parametrize("value,ok", [(0, True), ("5", True), (-1, False), ("0 or vector(1)", False),
+                                      (1.5, False), (True, False), ("", False)])
+def test_counts(value, ok):
+    if ok:
+        assert grammar.count(value) == int(value)
+    else:
+        with pytest.raises(grammar.GrammarError):
+            grammar.count(value)
+
+
+def test_check_inputs_names_each_bad_value_and_refuses_a_bad_spec():
+    errors = grammar.check_inputs({"a": ["duration", "5m"], "b": ["config_path", "/x\ny"],
+                                   "c": ["count", "0 or vector(1)"], "d": ["port", 80]})
+    assert len(errors) == 2 and errors[0].startswith("b ") and errors[1].startswith("c ")
+    assert grammar.check_inputs({}) == []
+    for bad in ({"a": ["no-such-kind", 1]}, {"a": "5m"}, ["duration", "5m"]):
+        with pytest.raises(grammar.GrammarError):
+            grammar.check_inputs(bad)
+
+
+MONITORING = ROOT / "roles" / "fleet_monitoring"
+# One hostile value per input the role writes: a new alert rule, a new scrape job, a new
+# rule file, another Prometheus flag on the ARGS line, PromQL after a threshold.
+HOSTILE_MONITORING = {
+    "fleet_monitoring_alert_instance_down_for": "1m\n      - alert: Evil\n        expr: vector(1)",
+    "fleet_monitoring_alert_kv_cache_for": "5m\n  - name: evil",
+    "fleet_monitoring_alert_requests_waiting_for": "5m #",
+    "fleet_monitoring_alert_gateway_empty_for": "",
+    "fleet_monitoring_scrape_interval": "15s\n  - job_name: evil",
+    "fleet_monitoring_evaluation_interval": "0s",
+    "fleet_monitoring_retention": "15d --web.enable-admin-api --web.enable-lifecycle",
+    "fleet_monitoring_config_dir": "/etc/prometheus/rules.yml\n  - /tmp/evil",
+    "fleet_monitoring_alert_kv_cache_usage": "0.9 or vector(1)",
+    "fleet_monitoring_alert_requests_waiting": "0 or vector(1)",
+    "fleet_monitoring_port": "9090 --web.enable-admin-api",
+}
+
+
+def _render_rules(overrides):
+    variables = yaml.safe_load((MONITORING / "defaults" / "main.yml").read_text())
+    variables.update(overrides, ansible_managed="managed")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    return env.from_string((MONITORING / "templates" / "gpufleet-rules.yml.j2").read_text()).render(variables)
+
+
+def test_control_a_hostile_duration_adds_an_alert_rule():
+    """What the preflight prevents: the rules template rendered with one hostile duration
+    holds an alert nobody asked for (and still parses as YAML)."""
+    clean = yaml.safe_load(_render_rules({}))
+    hostile = yaml.safe_load(_render_rules({k: v for k, v in HOSTILE_MONITORING.items()
+                                            if k == "fleet_monitoring_alert_instance_down_for"}))
+    alerts = [[r["alert"] for r in g["rules"]] for g in (clean, hostile) for g in g["groups"]]
+    assert "Evil" not in sum(alerts[:2], []) and "Evil" in sum(alerts[2:], [])
+
+
+def _preflight(tmp_path, role, extra):
+    """The role's preflight (tasks_from: preflight) on localhost: (rc, failures, changed)."""
+    from helpers import run_playbook
+
+    play = tmp_path / "play.yml"
+    play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                    "    - name: Preflight\n      ansible.builtin.include_role:\n"
+                    f"        name: {role}\n        tasks_from: preflight\n")
+    inventory = tmp_path / "hosts"
+    inventory.write_text("localhost ansible_connection=local ansible_python_interpreter="
+                         f"{ROOT / '.venv/bin/python'}\n")
+    rc, _, failures, changed = run_playbook(inventory, play, "localhost", extra)
+    return rc, failures, changed
+
+
+def test_the_monitoring_preflight_refuses_every_hostile_input_before_any_change(tmp_path):
+    """fleet_monitoring's preflight: all hostile values at once are refused, each variable
+    named; the role's defaults pass the same check."""
+    instances = tmp_path / "vllm.json"
+    instances.write_text("[]")
+    rc, failures, changed = _preflight(tmp_path, "fleet_monitoring", dict(
+        HOSTILE_MONITORING, fleet_monitoring_instances_file=str(instances)))
+    assert rc != 0 and changed == [] and len(failures) == 1, failures
+    for name in HOSTILE_MONITORING:
+        assert f"{name} " in failures[0], (name, failures[0])
+    assert "Nothing was changed" in failures[0]
+    rc, failures, _ = _preflight(tmp_path, "fleet_monitoring",
+                                 {"fleet_monitoring_instances_file": str(instances)})
+    assert not any(f.startswith("fleet_monitoring : Fleet monitoring | Check the inputs") for f in failures), failures
+
+
+# One hostile value per setting vllm_gateway writes into haproxy.cfg: a new section, a new
+# directive, an ACL that matches everything, a socket elsewhere.
+HOSTILE_GATEWAY = {
+    "vllm_gateway_timeout_client": "30m\nlisten evil\n    bind :8080",
+    "vllm_gateway_timeout_server": "30m # ",
+    "vllm_gateway_timeout_connect": "5s\n    stats enable",
+    "vllm_gateway_timeout_http_request": "",
+    "vllm_gateway_timeout_queue": "1 minute",
+    "vllm_gateway_timeout_check": "5s;",
+    "vllm_gateway_check_inter": "2s rise 0",
+    "vllm_gateway_slowstart": "60s\n",
+    "vllm_gateway_check_fall": "2 rise 1",
+    "vllm_gateway_check_rise": -1,
+    "vllm_gateway_retries": "2\n    option httpclose",
+    "vllm_gateway_redispatch_interval": "1\nlisten x",
+    "vllm_gateway_balance": "leastconn\n    http-request allow",
+    "vllm_gateway_retry_on": "all-retryable-errors #",
+    "vllm_gateway_health_check_path": "/health HTTP/1.1\\r\\nHost: x",
+    "vllm_gateway_health_check_status": "200 || 1",
+    "vllm_gateway_metrics_port": 0,
+    "vllm_gateway_bind_address": "127.0.0.1:80\nlisten y",
+    "vllm_gateway_stats_socket": "/run/haproxy/admin.sock mode 666 level admin\n",
+    "vllm_gateway_server_state_file": "relative/state",
+    "vllm_gateway_config_path": "/etc/haproxy/../passwd",
+    "vllm_gateway_api_keys_file": "/etc/haproxy/keys\n    acl k always_true",
+}
+
+
+def test_control_a_hostile_timeout_adds_a_listen_section(monkeypatch):
+    """What the gateway's preflight prevents: haproxy.cfg rendered from the role's template
+    with one hostile timeout holds a `listen` section nobody asked for."""
+    plan = gateway.plan_gateway(gateway.load_instances([_entry()]),
+                                [{"served_model_name": "chat", "port": 9000}], 9100)
+    role = ROOT / "roles" / "vllm_gateway"
+    variables = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    variables.update(ansible_managed="managed", __vllm_gateway_plan=plan,
+                     vllm_gateway_timeout_client=HOSTILE_GATEWAY["vllm_gateway_timeout_client"])
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    text = env.from_string((role / "templates" / "haproxy.cfg.j2").read_text()).render(variables)
+    assert "listen evil" in _sections(text) and "listen evil" not in _sections(_render(plan))
+
+
+def test_the_gateway_preflight_refuses_every_hostile_input_before_any_change(tmp_path):
+    """vllm_gateway's preflight: all hostile values at once are refused in its first task,
+    each variable named; hostile routes and keyless paths in the next; the defaults (with a
+    key and a frontend) pass both."""
+    base = {"vllm_gateway_instances_file": str(tmp_path / "vllm.json"),
+            "vllm_gateway_frontends": [{"served_model_name": "chat", "port": 9000}],
+            "vllm_gateway_api_keys": ["k" * 16]}
+    rc, failures, changed = _preflight(tmp_path, "vllm_gateway", dict(base, **HOSTILE_GATEWAY))
+    assert rc != 0 and changed == [] and len(failures) == 1, failures
+    assert failures[0].startswith("vllm_gateway : VLLM gateway | Check the inputs"), failures
+    for name in HOSTILE_GATEWAY:
+        assert f"{name} " in failures[0], (name, failures[0])
+    rc, failures, _ = _preflight(tmp_path, "vllm_gateway", dict(
+        base, vllm_gateway_routes=["/v1/models", "/v1/models acl"], vllm_gateway_keyless_paths=["/health\n"]))
+    assert rc != 0 and len(failures) == 1 and "Check the routes" in failures[0], failures
+    assert "vllm_gateway_routes: '/v1/models acl' is not a URL path" in failures[0], failures
+    assert "vllm_gateway_keyless_paths: '/health\\n' is not a URL path" in failures[0], failures
+    rc, failures, _ = _preflight(tmp_path, "vllm_gateway", base)
+    assert not any("Check the inputs" in f or "Check the routes" in f for f in failures), failures
+
+
+def test_the_site_mirror_preflight_refuses_a_hostile_root_and_port(tmp_path):
+    """hf_site_mirror writes its root into nginx's configuration (include, root): a root
+    holding ';' and a directive, and a port holding one, are refused in its first task."""
+    models = [{"path": str(tmp_path / "m")}]
+    rc, failures, changed = _preflight(tmp_path, "hf_site_mirror", {
+        "hf_site_mirror_models": models, "hf_site_mirror_root": "/srv/hf;\n    include /etc/shadow",
+        "hf_site_mirror_port": "8090; listen 80"})
+    assert rc != 0 and changed == [] and len(failures) == 1, failures
+    assert "hf_site_mirror_root '/srv/hf;" in failures[0] and "hf_site_mirror_port must be" in failures[0]
+    rc, failures, _ = _preflight(tmp_path, "hf_site_mirror", {"hf_site_mirror_models": models})
+    assert not any("Check the inputs" in f for f in failures), failures
