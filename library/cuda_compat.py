@@ -59,16 +59,21 @@ options:
         (C(7.5 8.0 8.6 8.9 9.0 10.0 12.0+PTX)). Overrides the list read from O(image).
     type: str
   datacenter_gpu:
-    description: The GPUs are data-center parts (Tesla/A100/H100/L40S...); forward compatibility needs them.
+    description:
+      - The GPUs are data-center parts (Tesla, A10, A100, H100, L40S...); forward compatibility
+        needs them.
+      - Unset, it is taken from what proves it - O(brand) (Tesla and NVIDIA are data-center
+        brands; GeForce, TITAN, Quadro, NVIDIA RTX are not), else the compute capabilities
+        (8.0, 9.0, 10.0, 10.3 and 3.7 are data-center only). Where nothing proves it, both
+        are evaluated; different verdicts give RV(depends_on_brand) and RV(outcomes).
     type: bool
-    default: false
   brand:
     description:
       - GPU brand, as nvidia-smi prints it (C(Product Brand), for example C(GeForce),
         C(NVIDIA), C(NVIDIA RTX)) or as nvidia-container-cli reports it (quadro, tesla,
         nvs, grid, geforce, titan, unknown). Brand conditions of C(NVIDIA_REQUIRE_CUDA) are
         evaluated with it; A100/H100/L40S (C(NVIDIA)) count as unknown.
-      - Default tesla when O(datacenter_gpu) is true, geforce otherwise.
+      - Default tesla for a data-center GPU (see O(datacenter_gpu)), geforce otherwise.
     type: str
   toolkit_version:
     description:
@@ -153,6 +158,28 @@ driver_planned:
   type: bool
   returned: always
   sample: true
+datacenter_gpu:
+  description: Whether the GPUs were taken as data-center parts; null when nothing decides it.
+  type: bool
+  returned: always
+  sample: true
+datacenter_gpu_from:
+  description: What decided RV(datacenter_gpu) (the option, the brand, the compute capability).
+  type: str
+  returned: always
+  sample: compute capability 9.0 is data-center only (developer.nvidia.com/cuda-gpus)
+depends_on_brand:
+  description:
+    - The verdict differs between a data-center GPU and another one, and nothing given decides
+      which this is; RV(compatible) is then false and RV(outcomes) has both.
+  type: bool
+  returned: always
+  sample: false
+outcomes:
+  description: The verdict (compatible, mode) for a data-center GPU and for another one.
+  type: dict
+  returned: when depends_on_brand
+  sample: {"datacenter": {"compatible": true, "mode": "forward_compat"}, "other": {"compatible": false, "mode": "incompatible"}}
 compatible:
   description: Whether the image can run on this host (mode is not incompatible).
   type: bool
@@ -330,7 +357,7 @@ def run(params, docker_client=None):
         cuda_version=cuda_version,
         require_cuda=require,
         image_arch_list=params.get("image_arch_list") or arch_list,
-        datacenter_gpu=params.get("datacenter_gpu", False),
+        datacenter_gpu=params.get("datacenter_gpu"),
         allow_forward_compat=params.get("allow_forward_compat", False),
         brand=params.get("brand"),
         compat_libs=compat,
@@ -371,7 +398,7 @@ def main():
             require_cuda=dict(type="str"),
             image=dict(type="str"),
             image_arch_list=dict(type="str"),
-            datacenter_gpu=dict(type="bool", default=False),
+            datacenter_gpu=dict(type="bool"),
             brand=dict(type="str"),
             allow_forward_compat=dict(type="bool", default=False),
             toolkit_version=dict(type="str"),

@@ -20,6 +20,12 @@ Sources:
   for Kepler.
 - open kernel modules: Turing and newer only; Blackwell requires them (NVIDIA driver
   README, "Using the Open GPU Kernel Modules"; Blackwell data-center guide).
+- data-center-only compute capabilities: developer.nvidia.com/cuda-gpus lists, for 3.7
+  only Tesla K80; 8.0 only A100 and A30 (A800 alike); 9.0 only GH200, H200 and H100; 10.0
+  only GB200 and B200; 10.3 only GB300 and B300. Every other capability is shared with a
+  GeForce, TITAN, Quadro/RTX workstation or Jetson part (6.0: Quadro GP100; 7.0: TITAN V
+  and Quadro GV100; 8.6: RTX 30 and A10/A40; 8.9: RTX 40 and L4/L40; 12.0: RTX 50 and
+  RTX PRO 6000).
 - bf16: compute capability >= 8.0 (vLLM gpu_worker.py _check_if_gpu_supports_dtype
   refuses bfloat16 below it); fp8 compute units: >= 8.9 (Ada, Hopper, Blackwell; vLLM
   runs FP8 weight-only and refuses an fp8 KV cache on V1 below it, docs/tuning.md).
@@ -34,7 +40,9 @@ __all__ = [
     "ArchError",
     "architecture",
     "architecture_facts",
+    "DATACENTER_ONLY",
     "cc_text",
+    "datacenter_only",
     "parse_compute_capability",
 ]
 
@@ -62,6 +70,10 @@ COMPUTE_CAPABILITIES = {
     "10.3": ("blackwell", "12.9", None), "11.0": ("blackwell", "13.0", None),
     "12.0": ("blackwell", "12.8", None), "12.1": ("blackwell", "12.9", None),
 }
+
+# Compute capabilities that only data-center parts have (see Sources): a GPU of one of
+# these is a data-center GPU whatever its brand string says.
+DATACENTER_ONLY = frozenset({"3.7", "8.0", "9.0", "10.0", "10.3"})
 
 # Architecture -> facts, oldest first. open_kernel_modules: "unsupported", "supported"
 # or "required"; last_driver_branch: the last driver branch for it, None while current.
@@ -137,3 +149,12 @@ def architecture_facts(cc):
     _, first, gone = COMPUTE_CAPABILITIES[cc_text(cc)]
     return dict(ARCHITECTURES[name], architecture=name, first_cuda=first,
                 last_cuda_before=gone)
+
+
+def datacenter_only(cc):
+    """True when only data-center GPUs have compute capability `cc` (DATACENTER_ONLY), so
+    it proves the GPU is one; False when consumer or workstation parts share it too.
+    ArchError for a malformed or unknown one."""
+    key = cc_text(cc)
+    architecture(key)
+    return key in DATACENTER_ONLY

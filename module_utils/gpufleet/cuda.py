@@ -27,7 +27,9 @@ import re
 
 from .arch import ARCHITECTURES, COMPUTE_CAPABILITIES
 from .arch import architecture as _architecture_of
+from .arch import datacenter_only as _datacenter_only
 from .arch import parse_compute_capability as _parse_cc
+from .gpu import is_datacenter_brand as _is_datacenter_brand
 
 # ---------------------------------------------------------------------------------------
 # Tables
@@ -811,11 +813,76 @@ def _architecture_problems(ccs, required, branch, arch_list, mode):
     return problems
 
 
+def gpu_kind(brand=None, datacenter_gpu=None, compute_capabilities=()):
+    """(datacenter, why): whether the GPUs are data-center parts (forward compatibility
+    needs them), from what proves it, in this order: ``datacenter_gpu`` as given; the
+    brand (nvidia-smi's Tesla or NVIDIA: data-center; GeForce, TITAN, Quadro, NVIDIA RTX,
+    ...: not; the toolkit's "unknown": undecided); compute capabilities that only
+    data-center parts have (arch.DATACENTER_ONLY: 8.0, 9.0, 10.0, 10.3, 3.7). None when
+    nothing decides (8.6 is an A10 or an RTX 3090)."""
+    if datacenter_gpu is not None:
+        return bool(datacenter_gpu), "datacenter_gpu was given"
+    if brand:
+        kind = _is_datacenter_brand(str(brand))
+        if kind is not None:
+            return kind, f"the brand {brand} is {'a data-center' if kind else 'not a data-center'} brand"
+    ccs = [_known_cc(c) for c in (compute_capabilities or [])]
+    if ccs and all(_datacenter_only(c) for c in ccs):
+        return True, (f"compute capability {', '.join(sorted(set(ccs)))} is data-center only "
+                      "(developer.nvidia.com/cuda-gpus)")
+    return None, ("neither datacenter_gpu nor a brand that decides was given, and compute "
+                  f"capability {', '.join(sorted(set(ccs))) or '(none given)'} is shared by "
+                  "data-center and other GPUs")
+
+
 def check(driver_version, compute_capabilities=(), cuda_version=None, require_cuda=None,
-          image_arch_list=None, datacenter_gpu=False, allow_forward_compat=False, brand=None,
+          image_arch_list=None, datacenter_gpu=None, allow_forward_compat=False, brand=None,
           compat_libs=None, toolkit_version=None, gpu_runtime="nvidia",
           cuda_compat_disabled=False):
     """Decide whether a host can run a CUDA image; returns the cuda_compat result dict.
+
+    Whether the GPUs are data-center parts (``datacenter_gpu``; None: not said) is taken
+    from what proves it (gpu_kind): the flag, the brand, or a data-center-only compute
+    capability. Where nothing does, both are evaluated: the same verdict either way is
+    returned as it is; different ones give ``depends_on_brand`` true, both ``outcomes``
+    and the verdict that refuses, with the input that decides it as the first suggestion.
+    The result says which (``datacenter_gpu``, ``datacenter_gpu_from``).
+    """
+    args = dict(compute_capabilities=compute_capabilities, cuda_version=cuda_version,
+                require_cuda=require_cuda, image_arch_list=image_arch_list,
+                allow_forward_compat=allow_forward_compat, brand=brand,
+                compat_libs=compat_libs, toolkit_version=toolkit_version,
+                gpu_runtime=gpu_runtime, cuda_compat_disabled=cuda_compat_disabled)
+    kind, why = gpu_kind(brand, datacenter_gpu, compute_capabilities)
+    if kind is not None:
+        result = _check(driver_version, datacenter_gpu=kind, **args)
+        return dict(result, datacenter_gpu=kind, datacenter_gpu_from=why, depends_on_brand=False)
+    outcomes = {"datacenter": _check(driver_version, datacenter_gpu=True, **args),
+                "other": _check(driver_version, datacenter_gpu=False, **args)}
+    short = {k: {"compatible": v["compatible"], "mode": v["mode"]} for k, v in outcomes.items()}
+    if short["datacenter"] == short["other"]:
+        result = outcomes["other"]
+        return dict(result, datacenter_gpu=None, datacenter_gpu_from=why, depends_on_brand=False)
+    refused = "other" if not short["other"]["compatible"] else "datacenter"
+    result = outcomes[refused]
+    said = {k: ("runs" if v["compatible"] else "does not run") + f" ({v['mode']})" for k, v in short.items()}
+    result["reasons"].insert(0, (
+        f"This depends on the GPU, which nothing here decides ({why}): on a data-center GPU "
+        f"(Tesla, or nvidia-smi's brand NVIDIA: A10, A40, L4, L40S) the image {said['datacenter']}; "
+        f"on a GeForce, TITAN, Quadro or NVIDIA RTX it {said['other']}. The verdict below is "
+        "the refusing one."))
+    result["suggestions"].insert(0, (
+        "Say which GPU this is: brand (nvidia-smi's Product Brand, as the preflight role "
+        "passes it) or datacenter_gpu."))
+    return dict(result, compatible=False, mode="incompatible", datacenter_gpu=None,
+                datacenter_gpu_from=why, depends_on_brand=True, outcomes=short)
+
+
+def _check(driver_version, compute_capabilities=(), cuda_version=None, require_cuda=None,
+           image_arch_list=None, datacenter_gpu=False, allow_forward_compat=False, brand=None,
+           compat_libs=None, toolkit_version=None, gpu_runtime="nvidia",
+           cuda_compat_disabled=False):
+    """check() for a GPU whose kind is known (``datacenter_gpu`` a bool).
 
     ``require_cuda`` is one NVIDIA_REQUIRE_CUDA value or a list of NVIDIA_REQUIRE_*
     values (all must hold, as the toolkit ANDs them).  ``cuda_version`` is the image's

@@ -297,7 +297,7 @@ _DATACENTER_BRANDS = ("tesla", "nvidia")
 
 def is_datacenter_brand(brand):
     """True for a data-center GPU brand, False for another brand, None when unknown."""
-    if not brand or brand == "Unknown":
+    if not brand or " ".join(str(brand).split()).lower() == "unknown":
         return None
     return " ".join(brand.split()).lower() in _DATACENTER_BRANDS
 

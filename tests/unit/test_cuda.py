@@ -550,9 +550,64 @@ def test_toolkit_refusal_dominates_minor_version_compatibility():
 
 
 def test_forward_compat_is_never_offered_to_consumer_gpus():
+    for said in (dict(brand="GeForce"), dict(brand="NVIDIA RTX"), dict(datacenter_gpu=False)):
+        result = cuda.check("535.129.03", ["8.9"], cuda_version="13.0", allow_forward_compat=True,
+                            **said)
+        assert result["mode"] == "incompatible" and result["datacenter_gpu"] is False, said
+        assert "forward compatibility needs a data-center GPU" in result["reasons"][0]
+
+
+# --- without a brand: what the compute capability proves (#34 item 6) ------------------------
+# developer.nvidia.com/cuda-gpus: 8.0 (A100, A30), 9.0 (H100, H200, GH200), 10.0 (B200,
+# GB200), 10.3 (B300, GB300) and 3.7 (K80) are data-center parts only; NVIDIA's CUDA
+# Compatibility guide: forward compatibility runs on data-center GPUs.
+@pytest.mark.parametrize("brand,datacenter_gpu,ccs,kind", [
+    (None, True, ["8.6"], True), (None, False, ["9.0"], False),     # the flag wins
+    ("Tesla", None, ["7.0"], True), ("NVIDIA", None, ["8.6"], True),
+    ("GeForce", None, ["8.9"], False), ("NVIDIA RTX", None, ["8.6"], False),
+    ("TITAN", None, ["7.0"], False), ("Quadro", None, ["6.0"], False),
+    ("unknown", None, ["9.0"], True),                               # the toolkit's brand: CC decides
+    (None, None, ["9.0"], True), (None, None, ["8.0", "8.0"], True), (None, None, ["10.3"], True),
+    (None, None, ["3.7"], True),
+    (None, None, ["8.6"], None), (None, None, ["8.9"], None), (None, None, ["12.0"], None),
+    (None, None, ["9.0", "8.9"], None), (None, None, [], None), ("unknown", None, ["7.5"], None),
+])
+def test_gpu_kind_from_what_proves_it(brand, datacenter_gpu, ccs, kind):
+    assert cuda.gpu_kind(brand, datacenter_gpu, ccs)[0] is kind
+
+
+def test_a_data_center_only_capability_needs_no_brand_for_forward_compat():
+    """An H100 (9.0) on R535 with a CUDA 13.0 image: without brand or datacenter_gpu the
+    module used to assume a GeForce and answer incompatible, where the container runs with
+    the image's compat libraries. Control: the same call, said to be no data-center GPU."""
+    result = cuda.check("535.129.03", ["9.0"], cuda_version="13.0", allow_forward_compat=True)
+    assert result["compatible"] and result["mode"] == "forward_compat", result["reasons"]
+    assert result["datacenter_gpu"] is True and not result["depends_on_brand"]
+    assert "compute capability 9.0 is data-center only" in result["datacenter_gpu_from"]
+    control = cuda.check("535.129.03", ["9.0"], cuda_version="13.0", allow_forward_compat=True,
+                         datacenter_gpu=False)
+    assert control["mode"] == "incompatible"
+
+
+def test_a_shared_capability_says_the_verdict_depends_on_the_brand():
+    """8.9 is an RTX 4090 or an L4/L40: the verdict depends on it, both outcomes are given,
+    the refusing one is the verdict, and the first suggestion names the input."""
     result = cuda.check("535.129.03", ["8.9"], cuda_version="13.0", allow_forward_compat=True)
-    assert result["mode"] == "incompatible"
-    assert "forward compatibility needs a data-center GPU" in result["reasons"][0]
+    assert result["depends_on_brand"] is True and result["compatible"] is False
+    assert result["outcomes"] == {"datacenter": {"compatible": True, "mode": "forward_compat"},
+                                  "other": {"compatible": False, "mode": "incompatible"}}
+    assert result["reasons"][0].startswith("This depends on the GPU, which nothing here decides")
+    assert "the image runs (forward_compat)" in result["reasons"][0]
+    assert "it does not run (incompatible)" in result["reasons"][0]
+    assert result["suggestions"][0].startswith("Say which GPU this is: brand")
+    assert result["datacenter_gpu"] is None
+
+
+def test_a_shared_capability_with_the_same_verdict_either_way_is_plain():
+    result = cuda.check("580.95.05", ["8.9"], cuda_version="12.4")
+    assert result["compatible"] and result["mode"] == "native"
+    assert result["depends_on_brand"] is False and "outcomes" not in result
+    assert not any("depends on the GPU" in r for r in result["reasons"])
 
 
 @pytest.mark.parametrize("kwargs,fragment", [
@@ -698,9 +753,15 @@ def test_module_reads_a_real_local_image(tmp_path, monkeypatch):
         assert not failed and result["mode"] == "minor_version"
         assert result["image_requirements"]["arch_list"][0] == "7.0"
         result, failed = run_module(cuda_compat.main, {
+            "driver_version": "550.54.15", "compute_capabilities": ["8.6"], "image": tag,
+            "brand": "GeForce"}, monkeypatch)
+        assert failed and "unsatisfied condition: cuda>=12.9" in result["msg"]
+        # 8.6 without a brand is an A10 (brand=tesla admits driver 550) or an RTX 3090
+        result, failed = run_module(cuda_compat.main, {
             "driver_version": "550.54.15", "compute_capabilities": ["8.6"], "image": tag},
             monkeypatch)
-        assert failed and "unsatisfied condition: cuda>=12.9" in result["msg"]
+        assert failed and result["depends_on_brand"] and "This depends on the GPU" in result["msg"]
+        assert result["outcomes"]["datacenter"]["compatible"], result["outcomes"]
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
