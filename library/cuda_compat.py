@@ -368,6 +368,8 @@ def run(params, docker_client=None):
     if unread and result.get("compat_libs"):
         result["reasons"].append(f"{COMPAT_DIR} of {params['image']} could not be read; "
                                  "what NVIDIA's base image ships was assumed.")
+    for ignored in extra.get("image_requirements", {}).get("ignored", []):
+        result["reasons"].append(f"Ignored, as the container toolkit does: {ignored}.")
     if extra.get("image_requirements", {}).get("disabled"):
         result["reasons"].insert(0, "The image sets NVIDIA_DISABLE_REQUIRE: the container "
                                     "toolkit skips its requirement check.")

@@ -602,7 +602,9 @@ def image_requirements(env, labels=None):
     """What an image's Config.Env (list of "K=V") tells this check.
 
     Returns dict(requirements=[...], disabled=bool, cuda_version="12.9"|None,
-    arch_list=[...]|None), following cuda_image.go GetRequirements() for the first two.
+    arch_list=[...]|None, ignored=[...]), following cuda_image.go GetRequirements() for the
+    first two; ``ignored`` names the NVIDIA_REQUIRE_* variables the toolkit leaves out of
+    its check (NVIDIA_REQUIRE_JETPACK*, since toolkit 1.10.0), each with the reason.
     cuda_version is CUDA_VERSION's MAJOR.MINOR as the toolkit reads it (None when it
     cannot and does not need to).  ValueError where the hook fails: a legacy image
     (no NVIDIA_REQUIRE_CUDA) whose CUDA_VERSION the toolkit cannot read.
@@ -615,6 +617,9 @@ def image_requirements(env, labels=None):
     disabled = _parse_bool_go(values.get("NVIDIA_DISABLE_REQUIRE", ""))
     requirements = [v for k, v in sorted(values.items())
                     if k.startswith("NVIDIA_REQUIRE_") and not k.startswith("NVIDIA_REQUIRE_JETPACK")]
+    ignored = [f"{k}={v!r:.80}: nvidia-container-runtime-hook leaves NVIDIA_REQUIRE_JETPACK* out of "
+               "its requirement check (toolkit 1.10.0 and later; Jetson's CSV mode reads it)"
+               for k, v in sorted(values.items()) if k.startswith("NVIDIA_REQUIRE_JETPACK")]
     # IsLegacy(): CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset or empty
     legacy = bool(values.get("CUDA_VERSION")) and not values.get("NVIDIA_REQUIRE_CUDA")
     cuda_version = None
@@ -633,7 +638,7 @@ def image_requirements(env, labels=None):
     arch_text = values.get("TORCH_CUDA_ARCH_LIST") or (labels or {}).get("TORCH_CUDA_ARCH_LIST")
     arch_list = parse_arch_list(arch_text) if arch_text else None
     return {"requirements": [] if disabled else requirements, "disabled": disabled,
-            "cuda_version": cuda_version, "arch_list": arch_list}
+            "cuda_version": cuda_version, "arch_list": arch_list, "ignored": ignored}
 
 
 def parse_arch_list(value):

@@ -338,6 +338,18 @@ def test_image_requirements_follow_the_toolkit(env, expected):
     assert sorted(cuda.image_requirements(env)["requirements"]) == sorted(expected)
 
 
+def test_ignored_requirements_are_named_with_the_reason():
+    """NVIDIA_REQUIRE_JETPACK* is left out of the check, as the hook does (toolkit 1.10.0
+    changelog: "Ignore NVIDIA_REQUIRE_JETPACK* environment variables for requirement
+    checks"), and said so; the others are not in that list."""
+    info = cuda.image_requirements(["NVIDIA_REQUIRE_CUDA=cuda>=12.4",
+                                    "NVIDIA_REQUIRE_JETPACK_HOST_MOUNTS=base-only"])
+    assert info["requirements"] == ["cuda>=12.4"]
+    assert len(info["ignored"]) == 1 and info["ignored"][0].startswith(
+        "NVIDIA_REQUIRE_JETPACK_HOST_MOUNTS='base-only': nvidia-container-runtime-hook leaves")
+    assert cuda.image_requirements(["NVIDIA_REQUIRE_CUDA=cuda>=12.4"])["ignored"] == []
+
+
 def test_image_requirements_of_real_vllm_images():
     info = cuda.image_requirements(image_env(V023))
     assert info["cuda_version"] == "13.0" and not info["disabled"]
@@ -743,7 +755,8 @@ def test_module_reads_a_real_local_image(tmp_path, monkeypatch):
         f"FROM {base}\n"
         "ENV CUDA_VERSION=12.9.1\n"
         "ENV NVIDIA_REQUIRE_CUDA=\"cuda>=12.9 brand=tesla,driver>=550,driver<551\"\n"
-        "ENV TORCH_CUDA_ARCH_LIST=\"7.0 7.5 8.0 8.9 9.0 10.0 12.0\"\n")
+        "ENV TORCH_CUDA_ARCH_LIST=\"7.0 7.5 8.0 8.9 9.0 10.0 12.0\"\n"
+        "ENV NVIDIA_REQUIRE_JETPACK=csv-mounts=all\n")
     subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path)], check=True,
                    capture_output=True, timeout=300)
     try:
@@ -752,6 +765,8 @@ def test_module_reads_a_real_local_image(tmp_path, monkeypatch):
             "datacenter_gpu": True}, monkeypatch)
         assert not failed and result["mode"] == "minor_version"
         assert result["image_requirements"]["arch_list"][0] == "7.0"
+        assert any(r.startswith("Ignored, as the container toolkit does: NVIDIA_REQUIRE_JETPACK=")
+                   for r in result["reasons"]), result["reasons"]
         result, failed = run_module(cuda_compat.main, {
             "driver_version": "550.54.15", "compute_capabilities": ["8.6"], "image": tag,
             "brand": "GeForce"}, monkeypatch)
