@@ -233,3 +233,12 @@ def test_every_role_has_a_molecule_scenario():
         assert scenario.is_file(), f"roles/{role} has no Molecule scenario (molecule/{role}/)"
         own = (yaml.safe_load(scenario.read_text()) or {}).get("scenario", {}).get("test_sequence")
         assert own is None or "idempotence" in own, f"molecule/{role} does not run idempotence"
+
+
+def test_the_license_file_is_the_one_every_role_names():
+    """LICENSE holds the Apache License 2.0, and every role's meta/main.yml says Apache-2.0."""
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    for meta in sorted(ROOT.glob("roles/*/meta/main.yml")):
+        info = yaml.safe_load(meta.read_text())["galaxy_info"]
+        assert info["license"] == "Apache-2.0", meta
