@@ -53,7 +53,7 @@ options:
     type: dict
     default: {}
   p99_jump:
-    description: Cliff rule p99_*_jump - factor above what concurrency explains (gpufleet.bench.analyse).
+    description: Latency-step finding p99_*_jump (never the cliff) - factor above what concurrency explains (gpufleet.bench.analyse).
     type: float
     default: 2.0
   min_rate_ratio:

@@ -26,12 +26,11 @@ The results
     concurrency, the pair, the instance and an `error`, and no metrics (failed_point()).
 
 The knee (where more concurrency stops buying output throughput)
-    On the measured points of one (instance, input, output) group, x = concurrency and
+    On the measured points of one (instance, input, output) group below its cliff (the
+    knee of the curve the service delivers, so a knee always lies below the cliff), x = concurrency and
     y = output_throughput (tokens/s), kneed's KneeLocator(curve="concave",
     direction="increasing", S=knee_sensitivity) finds the point of maximum curvature.
-    Failed points have no throughput and are left out; points past a cliff stay in,
-    because the knee often sits right below a latency cliff and kneed never returns an
-    end point. No knee, with the reason, when: fewer than 3 measured points (kneed needs
+    Failed points have no throughput and are left out. No knee, with the reason, when: fewer than 3 measured points (kneed needs
     a point on each side of a bend; with exactly 3 and S=1 it finds one only for a sharp
     bend, e.g. [100, 200, 200] but not [100, 180, 200], measured with kneed 0.9.0);
     throughput flat (max - min <= FLAT_TOLERANCE of max: concurrency 1 already
@@ -39,7 +38,7 @@ The knee (where more concurrency stops buying output throughput)
     scales); or kneed answers the first point, which it does for convex or falling
     curves that have no concave bend.
 
-The cliff (the first concurrency where the service breaks), rules in this order:
+The cliff (the first concurrency where the service stops delivering), rules in this order:
     point_failed          the run itself failed or timed out (a failed point).
     failed_requests       completed / (completed + failed) < min_success_rate (1.0:
                           any failed request).
@@ -54,6 +53,10 @@ The cliff (the first concurrency where the service breaks), rules in this order:
                           drains half empty): run at least 10 x concurrency prompts.
     goodput_below_offered request_goodput (only with --goodput SLOs) < min_rate_ratio *
                           offered: too many requests missed the SLOs.
+    throughput_falls      output_throughput more than THROUGHPUT_DROP (5%) below the best
+                          of the lower concurrencies: more concurrency costs throughput.
+Latency steps (findings, never the cliff: on a curve whose throughput still rises a
+latency step is queueing, not a break):
     p99_ttft_jump,        p99 of TTFT (E2E latency) grew, from the previous measured
     p99_e2el_jump         point, by more than p99_jump x the growth the concurrency
                           explains. Explained growth = max(1, (C / C_prev) * (X_prev /
@@ -64,7 +67,8 @@ The cliff (the first concurrency where the service breaks), rules in this order:
                           regime, not a cliff. For TTFT the same bound flags the step
                           where requests start to queue in the server for a batch slot.
     Every rule that fires at every point is listed in `findings`; the cliff is the first
-    of them. Each finding is {"concurrency", "rule", "detail"}, detail a sentence.
+    of them whose rule is in CLIFF_RULES. Each finding is {"concurrency", "rule",
+    "detail"}, detail a sentence.
 """
 from __future__ import annotations
 
@@ -156,8 +160,14 @@ ROW_FIELDS = (("instance", "input_len", "output_len", "concurrency", "status", "
 # Output throughput within 5% from the lowest to the highest concurrency is "flat".
 FLAT_TOLERANCE = 0.05
 KNEE_RULE = "kneed_concave_increasing"
+# What makes a cliff: the service stops delivering (module docstring). The latency rules
+# are findings only: a latency step on a curve whose throughput still rises is the knee's
+# regime or queueing, not a break.
 CLIFF_RULES = ("point_failed", "failed_requests", "rate_below_offered",
-               "goodput_below_offered", "p99_ttft_jump", "p99_e2el_jump")
+               "goodput_below_offered", "throughput_falls")
+LATENCY_RULES = ("p99_ttft_jump", "p99_e2el_jump")
+# Output throughput more than this share below the best of the lower concurrencies falls.
+THROUGHPUT_DROP = FLAT_TOLERANCE
 
 
 # ---------------------------------------------------------------------------
@@ -402,7 +412,7 @@ def _knee(measured, sensitivity):
 
 
 def _cliff_findings(rows, p99_jump, min_rate_ratio, min_success_rate):
-    findings, prev = [], None
+    findings, prev, best = [], None, None
     for row in rows:
         c = row["concurrency"]
         if row["status"] == "failed":
@@ -426,6 +436,15 @@ def _cliff_findings(rows, p99_jump, min_rate_ratio, min_success_rate):
                         f"{what} at concurrency {c} is {achieved:.3g} req/s, "
                         f"{achieved / offered:.0%} of the {offered:.3g} req/s offered ({loop}); "
                         f"the bound is {min_rate_ratio:.0%}")))
+        tput = float(row["output_throughput"])
+        if best is not None and tput < (1 - THROUGHPUT_DROP) * best["output_throughput"]:
+            findings.append(_finding(c, "throughput_falls", (
+                f"output throughput at concurrency {c} is {_fmt(tput)} tok/s, "
+                f"{1 - tput / best['output_throughput']:.0%} below the "
+                f"{_fmt(best['output_throughput'])} tok/s of concurrency {best['concurrency']}: "
+                f"more concurrency now costs throughput (the bound is {THROUGHPUT_DROP:.0%})")))
+        if best is None or tput > best["output_throughput"]:
+            best = row
         if prev is not None and row["request_throughput"] > 0:
             explained = max(1.0, (c / prev["concurrency"])
                             * (prev["request_throughput"] / row["request_throughput"]))
@@ -467,13 +486,22 @@ def analyse(points, p99_jump=2.0, min_rate_ratio=0.8, min_success_rate=1.0, knee
     out = []
     for key in sorted(groups, key=lambda k: ("" if k[0] is None else str(k[0]), k[1], k[2])):
         rows = [groups[key][c] for c in sorted(groups[key])]
-        measured = [r for r in rows if r["status"] == "ok"]
-        knee, why_no_knee = _knee(measured, knee_sensitivity)
         findings = _cliff_findings(rows, p99_jump, min_rate_ratio, min_success_rate)
-        cliff = findings[0] if findings else None
+        cliff = next((f for f in findings if f["rule"] in CLIFF_RULES), None)
+        # the knee of the curve the service delivers: the measured points below the cliff
+        measured = [r for r in rows if r["status"] == "ok"
+                    and (cliff is None or r["concurrency"] < cliff["concurrency"])]
+        knee, why_no_knee = _knee(measured, knee_sensitivity)
+        if why_no_knee and cliff:
+            why_no_knee += f" (below the cliff at concurrency {cliff['concurrency']})"
+        steps = [f for f in findings if f["rule"] in LATENCY_RULES]
         why_no_cliff = None if cliff else (
-            f"no cliff: no rule fired on the {len(rows)} point(s), concurrency "
-            f"{rows[0]['concurrency']} to {rows[-1]['concurrency']}")
+            f"no cliff: the service delivered at every one of the {len(rows)} point(s), "
+            f"concurrency {rows[0]['concurrency']} to {rows[-1]['concurrency']} (no failed "
+            f"point or request, no rate below the offered one, no fall in output throughput)"
+            + (f"; latency steps are findings, not a cliff: "
+               f"{', '.join(sorted({str(f['concurrency']) for f in steps}, key=int))}"
+               if steps else ""))
         out.append({"instance": key[0], "input_len": key[1], "output_len": key[2],
                     "rows": rows, "knee": knee, "cliff": cliff, "why_no_knee": why_no_knee,
                     "why_no_cliff": why_no_cliff, "findings": findings})

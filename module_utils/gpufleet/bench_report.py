@@ -328,10 +328,12 @@ def _html(summary, instances, groups_by_instance, points, files, images):
         out.append("</ul>")
     out.append("<h2>How to read this</h2><p>The <b>knee</b> is where more concurrency stops "
                "buying output throughput (kneed, concave increasing, on the measured points of "
-               "one input/output pair). The <b>cliff</b> is the first concurrency where the "
-               "service breaks: a failed point, failed requests, request throughput below "
-               "what the concurrency offers (Little's law), or a p99 TTFT / E2E jump larger "
-               "than the concurrency explains. Rules and thresholds: docs/benchmark.md.</p>")
+               "one input/output pair, below the cliff). The <b>cliff</b> is the first "
+               "concurrency where the service stops delivering: a failed point, failed "
+               "requests, request throughput or goodput below what the concurrency offers "
+               "(Little's law), or output throughput falling. A p99 TTFT / E2E jump larger "
+               "than the concurrency explains is listed as a finding, not a cliff. Rules and "
+               "thresholds: docs/benchmark.md.</p>")
     for inst in instances:
         name = inst["instance"]
         out.append(f"<h2 id='{_e(_safe(name))}'>{_e(name)} on {_e(inst.get('host'))}</h2>")

@@ -186,7 +186,8 @@ def test_knee_on_a_smooth_diminishing_returns_curve():
     (lambda c: 100.0 * c * NOISE[c], "keeps growing"),               # linear, +-2% noise
     (lambda c: 500.0 + 0.1 * c, "flat"),                              # saturated from 1
     (lambda c: float(c * c), "first point"),                          # convex
-    (lambda c: 1000.0 - 10 * c, "first point"),                       # falling
+    # falling: more concurrency costs throughput from 8 on (a cliff), flat below it
+    (lambda c: 1000.0 - 10 * c, "(below the cliff at concurrency 8)"),
 ])
 def test_curves_without_a_knee_say_why(curve, reason):
     group = one(rows(curve))
@@ -217,7 +218,7 @@ def test_saturation_alone_is_not_a_cliff():
     """Past the knee E2E grows with concurrency as Little's law says: no jump rule fires."""
     group = one(rows(saturating(8)))
     assert group["cliff"] is None and group["findings"] == []
-    assert "no rule fired on the 7 point(s), concurrency 1 to 64" in group["why_no_cliff"]
+    assert "the service delivered at every one of the 7 point(s), concurrency 1 to 64" in group["why_no_cliff"]
     # p99 E2E doubles per doubling past the knee: explained 2x, so even p99_jump 1.5 holds
     assert one(rows(saturating(8)), p99_jump=1.5)["cliff"] is None
     # steps of 4x concurrency past the knee: p99 E2E grows 4x, explained 4x
@@ -235,16 +236,21 @@ def test_failed_requests_at_32():
     assert group["knee"]["concurrency"] == 8
 
 
-def test_p99_jump_at_16_comes_before_errors_at_32():
-    def point(c):
+def test_a_p99_jump_at_16_is_a_finding_and_the_errors_at_32_the_cliff():
+    """#34 item 7: a latency step is never the cliff; the service stops delivering where
+    requests fail. Control: the same curve without the failures has no cliff at all."""
+    def point(c, failing=True):
         tput = saturating(8)(c)
         little = 1000.0 * c / (tput / 512)  # ms
-        return b.point_from_result(result(c, tput, failed=3 if c >= 32 else 0,
+        return b.point_from_result(result(c, tput, failed=3 if failing and c >= 32 else 0,
                                           p99_e2el=little * (1.1 if c < 16 else 5.0)))
     group = one([point(c) for c in C])
-    assert group["cliff"]["concurrency"] == 16 and group["cliff"]["rule"] == "p99_e2el_jump"
-    assert "jumped" in group["cliff"]["detail"]
-    assert ("failed_requests", 32) in [(f["rule"], f["concurrency"]) for f in group["findings"]]
+    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (32, "failed_requests")
+    assert [(f["concurrency"], f["rule"]) for f in group["findings"]][:2] == [
+        (16, "p99_e2el_jump"), (32, "failed_requests")]
+    assert group["knee"]["concurrency"] == 8  # below the cliff
+    control = one([point(c, failing=False) for c in C])
+    assert control["cliff"] is None and "latency steps are findings, not a cliff: 16" in control["why_no_cliff"]
 
 
 def test_p99_jump_rule_bound_is_exact():
@@ -254,11 +260,27 @@ def test_p99_jump_rule_bound_is_exact():
                   for c in C]
         return one(points)
     assert group(2.0)["findings"] == []
-    cliff = group(2.01)["cliff"]
-    assert (cliff["concurrency"], cliff["rule"]) == (16, "p99_ttft_jump")
-    assert "more than 2 x the 1.00x" in cliff["detail"]
+    step = group(2.01)["findings"][0]
+    assert (step["concurrency"], step["rule"]) == (16, "p99_ttft_jump")
+    assert "more than 2 x the 1.00x" in step["detail"]
+    assert group(2.01)["cliff"] is None  # throughput still scales: a finding, not a cliff
     assert one([b.point_from_result(result(c, 100.0 * c, p99_ttft=100.0 * (2.01 if c == 16 else 1.0)))
-                for c in C], p99_jump=3.0)["cliff"] is None
+                for c in C], p99_jump=3.0)["findings"] == []
+
+
+def test_throughput_falling_is_a_cliff_and_the_knee_is_below_it():
+    """Output throughput rises to concurrency 16 then falls 20%: the cliff is at 32
+    (throughput_falls), the knee is found on the points below it. Control: a dip within 5%
+    is no cliff."""
+    def curve(c):
+        return {1: 100.0, 2: 190.0, 4: 340.0, 8: 520.0, 16: 600.0, 32: 480.0, 64: 300.0}[c]
+    group = one(rows(curve))
+    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (32, "throughput_falls")
+    assert "20% below the 600 tok/s of concurrency 16" in group["cliff"]["detail"]
+    assert group["knee"] and group["knee"]["concurrency"] < 32
+    flat = one(rows(lambda c: {1: 100.0, 2: 190.0, 4: 340.0, 8: 520.0, 16: 600.0,
+                                32: 580.0, 64: 590.0}[c]))
+    assert flat["cliff"] is None
 
 
 def test_a_failed_point_is_a_cliff():
@@ -451,7 +473,7 @@ def test_recorded_lab_point_reads_as_vllm_wrote_it(path):
 
 def test_recorded_lab_preset_two_points_per_pair_have_no_knee():
     """The lab preset (c = 1, 2 by (32, 16) and (64, 16), both chat instances) as the CI
-    test runs it: 4 groups of 2 points, too few for kneed; the cliffs are the p99 rule's."""
+    test runs it: 4 groups of 2 points, too few for kneed; the latency steps are the p99 rule's."""
     rows = [b.point_from_result(p) for p in lab_files("preset")]
     groups = b.analyse(rows)
     assert sorted((g["instance"], g["input_len"]) for g in groups) == [
@@ -481,7 +503,8 @@ def test_recorded_lab_curve_lab_h200_c1_to_16():
     expected = _little_cliffs(raws)
     assert expected, "the recorded curve has a p99 jump (the control of this test)"
     assert [(f["concurrency"], f["rule"]) for f in group["findings"]] == expected
-    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == expected[0]
+    # throughput rises at every step and nothing failed: latency steps, no cliff
+    assert group["cliff"] is None and "latency steps are findings, not a cliff" in group["why_no_cliff"]
 
 
 def test_recorded_lab_curve_lab_h200_c1_to_64_has_its_knee_at_16():
@@ -504,4 +527,34 @@ def test_recorded_lab_curve_lab_h200_c1_to_64_has_its_knee_at_16():
     expected = _little_cliffs(raws)
     assert expected and expected[0] == (2, "p99_ttft_jump")
     assert [(f["concurrency"], f["rule"]) for f in group["findings"]] == expected
-    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == expected[0]
+    # #34 item 7: the service delivered at every point (80.4 tok/s at 64, nothing failed),
+    # so there is no cliff; the old rule put one at concurrency 2, below the knee at 16
+    assert group["cliff"] is None
+
+
+def _all_recorded_groups():
+    points = [b.point_from_result(p) for p in lab_files("preset") + lab_files("curve")]
+    return (b.analyse(points[:len(lab_files("preset"))]) + b.analyse(points[len(lab_files("preset")):])
+            + b.analyse([b.point_from_result(p) for p in LAB_KNEE.glob("*.json")]))
+
+
+SYNTHETIC = {"saturating": saturating(8), "linear": lambda c: 100.0 * c,
+             "falling after 16": lambda c: {1: 100.0, 2: 190.0, 4: 340.0, 8: 520.0, 16: 600.0,
+                                             32: 480.0, 64: 300.0}[c]}
+
+
+def test_knee_and_cliff_are_consistent_on_every_curve():
+    """On every recorded lab curve (the preset's 4 groups, the 5- and 7-point curves) and
+    the synthetic ones, a knee lies below the cliff: the knee is where more concurrency
+    stops buying throughput, the cliff where the service stops delivering. Control: the
+    old rule (the first finding of any rule, a latency step among them, is the cliff) puts
+    the 7-point curve's cliff at concurrency 2, below its knee at 16."""
+    groups = _all_recorded_groups() + [one(rows(f)) for f in SYNTHETIC.values()]
+    assert len(groups) == 9
+    for g in groups:
+        if g["knee"] and g["cliff"]:
+            assert g["knee"]["concurrency"] < g["cliff"]["concurrency"], g
+        assert g["cliff"] is None or g["cliff"]["rule"] in b.CLIFF_RULES
+    seven = _all_recorded_groups()[-1]
+    old_cliff = seven["findings"][0]
+    assert seven["knee"]["concurrency"] == 16 and old_cliff["concurrency"] == 2 < 16
