@@ -94,8 +94,10 @@ def plot_files(instance, groups):
     name = _safe(instance)
     files = {}
 
+    concurrencies = [r["concurrency"] for g in groups for r in g["rows"]]
+    input_lens = [g["input_len"] for g in groups]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for group in groups:
+    for group in groups if not _too_few(ax, concurrencies, "concurrency level") else ():
         ok = [r for r in group["rows"] if r["status"] == "ok"]
         line = ax.plot([r["concurrency"] for r in ok], [r["output_throughput"] for r in ok],
                        marker="o", label=_pair(group))[0]
@@ -120,7 +122,7 @@ def plot_files(instance, groups):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, metric, label in ((axes[0], "p99_ttft_ms", "p99 TTFT (ms)"),
                               (axes[1], "p99_e2el_ms", "p99 E2E latency (ms)")):
-        for group in groups:
+        for group in groups if not _too_few(ax, concurrencies, "concurrency level") else ():
             ok = [r for r in group["rows"] if r["status"] == "ok"]
             line = ax.plot([r["concurrency"] for r in ok], [r[metric] for r in ok],
                            marker="o", label=_pair(group))[0]
@@ -147,7 +149,8 @@ def plot_files(instance, groups):
             series.setdefault((row["concurrency"], group["output_len"]), []).append((group, row))
     for ax, metric, label in ((axes[0], "p99_ttft_ms", "p99 TTFT (ms)"),
                               (axes[1], "p99_e2el_ms", "p99 E2E latency (ms)")):
-        for (conc, out), items in sorted(series.items()):
+        for (conc, out), items in (sorted(series.items())
+                                   if not _too_few(ax, input_lens, "input length") else ()):
             items.sort(key=lambda item: item[0]["input_len"])
             ok = [(g, r) for g, r in items if r["status"] == "ok"]
             ax.plot([g["input_len"] for g, _ in ok], [r[metric] for _, r in ok],
@@ -171,6 +174,19 @@ def plot_files(instance, groups):
     fig.suptitle(f"{instance}: p99 latency vs input length (red ring = cliff point)")
     files[f"{name}-latency-vs-input.png"] = _png(fig, plt)
     return files
+
+
+def _too_few(ax, values, what):
+    """True, with a note drawn in the axes instead of a curve, when fewer than two distinct
+    values of the x axis were measured: one point per line is no curve."""
+    distinct = sorted({v for v in values if v is not None})
+    if len(distinct) >= 2:
+        return False
+    ax.text(0.5, 0.5, f"one {what} measured ({', '.join(map(str, distinct)) or 'none'}):\n"
+            f"no curve to draw; measure two or more", ha="center", va="center",
+            transform=ax.transAxes, fontsize=10)
+    ax.set_xticks([])
+    return True
 
 
 def _ticks(ax, values):

@@ -200,3 +200,36 @@ def test_module_refuses_a_point_of_an_unknown_instance(tmp_path, monkeypatch):
     result, failed = run_module(vllm_bench_report.main,
                                 dict(ARGS, output_dir=str(tmp_path), points=points), monkeypatch)
     assert failed and "nowhere:1" in result["msg"]
+
+
+def _figures(monkeypatch, groups, instance="h1:8000"):
+    """plot_files with the figures kept (name: matplotlib Figure) instead of PNG bytes."""
+    kept = []
+    real = r._png
+
+    def keep(fig, plt):
+        kept.append(fig)
+        return real(fig, plt)
+    monkeypatch.setattr(r, "_png", keep)
+    names = list(r.plot_files(instance, groups))
+    return dict(zip(names, kept))
+
+
+def _texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_an_axis_with_one_measured_value_says_so_instead_of_a_curve(monkeypatch):
+    """#34 item 7: the lab's run (one pair, (32, 16)) has one input length: the latency-vs-
+    input plot says so and draws no one-point lines; the concurrency plots, with 3 levels,
+    draw their curves. Control: with two input lengths the input plot draws its lines."""
+    one_pair = b.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, 32)["row"] for c in (1, 2, 4)])
+    figs = _figures(monkeypatch, one_pair)
+    by_input = figs["h1_8000-latency-vs-input.png"]
+    assert all(not ax.lines for ax in by_input.axes)
+    assert _texts(by_input) == ["one input length measured (32):\nno curve to draw; measure two or more"] * 2
+    assert all(ax.lines for ax in figs["h1_8000-latency-vs-concurrency.png"].axes)
+    assert not _texts(figs["h1_8000-throughput.png"])
+    two_pairs = b.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, n)["row"] for c in (1, 2, 4) for n in (32, 64)])
+    control = _figures(monkeypatch, two_pairs)["h1_8000-latency-vs-input.png"]
+    assert all(ax.lines for ax in control.axes) and not _texts(control)
