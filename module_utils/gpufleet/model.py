@@ -133,7 +133,7 @@ KNOWN_MODEL_TYPES = {
     "cohere2",
     # Five older families, each a native vLLM 0.32.0 model file (registry.py:81, 106,
     # 123-124, 185) building one Attention per layer with no window, tested on the
-    # model's own config.json (tests/unit/test_model_families_more_d.py):
+    # model's own config.json (tests/unit/test_kv_gemma1_gpt2_opt_gptj_bloom.py):
     # Gemma 1 (GemmaForCausalLM, gemma.py:145-154, 216-223: num_key_value_heads KV
     # heads of config.head_dim, GemmaConfig's 256 when absent, not hidden_size // heads);
     # GPT-2 (GPT2LMHeadModel, gpt2.py:72-77, 95-102), OPT (opt.py:85-88, 106-113) and
@@ -143,7 +143,7 @@ KNOWN_MODEL_TYPES = {
     # same with ALiBi slopes instead of a rotary embedding, which leaves the cache as is.
     "gemma", "gpt2", "opt", "gptj", "bloom",
     # Read in vLLM 0.32.0 and tested on the model's own config.json
-    # (tests/unit/test_model_families_more_f.py). Gemma 3 1B (Gemma3ForCausalLM) is
+    # (tests/unit/test_kv_gemma3_1b_qwen2_vl_ernie45_moe.py). Gemma 3 1B (Gemma3ForCausalLM) is
     # gemma3_text above. Qwen2-VL (registry.py:258, qwen2_vl.py:1422-1426): the
     # language model is Qwen2ForCausalLM on the text config transformers 5.19 builds
     # from the top-level fields (configuration_qwen2_vl.py:107-119: no window unless
@@ -152,7 +152,7 @@ KNOWN_MODEL_TYPES = {
     # 318-322): num_key_value_heads KV heads of head_dim or hidden_size // heads, one
     # Attention per layer, no window.
     "qwen2_vl", "ernie4_5_moe",
-    # Slice g (tests/unit/test_model_families_more_g.py), read in vLLM 0.32.0. Llava 1.5
+    # Slice g (tests/unit/test_kv_llava_olmoe_stablelm_exaone.py), read in vLLM 0.32.0. Llava 1.5
     # needs no entry: its text_config is llama (see TEXT_CONFIG_DEFAULTS).
     # OLMoE (OlmoeForCausalLM, registry.py:184, olmoe.py:130-147, 180-188, 287-288):
     # num_key_value_heads KV heads of hidden_size // heads (config.head_dim is not read),
@@ -173,7 +173,7 @@ KNOWN_MODEL_TYPES = {
     # config.json and checked against vLLM 0.32.0's kv_cache_utils
     # (tests/differential/gemma4_vllm.py).
     "gemma4_text",
-    # Slice i (tests/unit/test_model_families_more_i.py), read in vLLM 0.32.0.
+    # Slice i (tests/unit/test_kv_smollm3_qwen3_next_internvl3.py), read in vLLM 0.32.0.
     # SmolLM3 (SmolLM3ForCausalLM, registry.py:727: the Transformers backend):
     # transformers/base.py:612-676 builds one Attention per layer, of the engine's
     # head_dim or hidden_size // heads (:633) and num_key_value_heads (:668), with a

@@ -182,7 +182,7 @@ def test_unknown_architecture_names_fields_or_falls_back_when_asked():
 # model_arch_config_convertor.py:536-549) from what transformers 5.19's FalconConfig loads
 # (configuration_falcon.py:66-95: multi_query defaults to true, num_kv_heads to the head
 # count). Variations of falcon-7b's shape (its own config.json is tested in
-# test_model_families_more_c.py) and falcon-40b's (no verbatim config of it was found);
+# test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2.py) and falcon-40b's (no verbatim config of it was found);
 # the older remote-code type RefinedWebModel stays outside the table.
 FALCON_7B = {"architectures": ["FalconForCausalLM"], "model_type": "falcon",
              "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,

@@ -24,7 +24,7 @@ element bytes (check_kv_bytes), vllm/v1/kv_cache_interface.py.
 import pytest
 
 from test_model_families import check_kv_bytes, load
-from test_model_families_more_c import check_full_decoder
+from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
 from gpufleet import tune as t
 
@@ -176,7 +176,7 @@ def test_default_length_is_bloom_only():
 
 
 # The control that each of these families is refused without its table entry is
-# test_model_families_more_c.py's test_families_outside_the_table_are_refused.
+# test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2.py's test_families_outside_the_table_are_refused.
 
 
 @pytest.mark.parametrize("cfg, why", [

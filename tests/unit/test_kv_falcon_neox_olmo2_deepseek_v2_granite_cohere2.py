@@ -202,13 +202,13 @@ def test_cohere2_window_without_vllms_extra_token(monkeypatch):
     ("olmo-2-1124-7b-instruct", "olmo2"),
     ("falcon-7b-instruct", "falcon"),
     ("deepseek-v2-lite", "deepseek_v2"),
-    # test_model_families_more_d.py's families
+    # test_kv_gemma1_gpt2_opt_gptj_bloom.py's families
     ("gemma-7b", "gemma"),
     ("gpt2", "gpt2"),
     ("opt-125m", "opt"),
     ("gpt-j-6b", "gptj"),
     ("bloomz-560m", "bloom"),
-    # test_model_families_more_f.py's and _more_g.py's families
+    # test_kv_gemma3_1b_qwen2_vl_ernie45_moe.py's and test_kv_llava_olmoe_stablelm_exaone.py's families
     ("qwen2-vl-7b-instruct", "qwen2_vl"),
     ("ernie-4.5-21b-a3b-thinking", "ernie4_5_moe"),
     ("olmoe-1b-7b-0125-instruct", "olmoe"),

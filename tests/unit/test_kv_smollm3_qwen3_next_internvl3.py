@@ -12,7 +12,7 @@ element bytes (check_kv_bytes), vllm/v1/kv_cache_interface.py.
 import pytest
 
 from test_model_families import check_kv_bytes, kinds, load
-from test_model_families_more_c import check_full_decoder
+from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
 from gpufleet import tune as t
 

@@ -13,7 +13,7 @@ element bytes (check_kv_bytes), vllm/v1/kv_cache_interface.py.
 import pytest
 
 from test_model_families import check_kv_bytes, kinds, load
-from test_model_families_more_c import check_full_decoder
+from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
 from gpufleet import tune as t
 
@@ -70,7 +70,7 @@ def test_olmoe_0125_instruct_is_mha_hidden_over_heads():
     assert desc["moe"] == {"num_experts": 64, "experts_per_token": 8}
     # 16 KV heads split across TP 4: 4 per GPU
     assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 4 * 128 * 2
-    # control: test_model_families_more_c.py test_families_outside_the_table_are_refused[olmoe]
+    # control: test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2.py test_families_outside_the_table_are_refused[olmoe]
 
 
 def test_stablelm_3b_4e1t_partial_rotary_does_not_size_the_cache():
@@ -93,7 +93,7 @@ def test_stablelm_3b_4e1t_partial_rotary_does_not_size_the_cache():
     assert per_token == 10240 != 2 * 32 * int(80 * cfg["partial_rotary_factor"]) * 2
     # 32 KV heads split across TP 2: 16 per GPU
     assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 16 * 80 * 2
-    # control: test_model_families_more_c.py test_families_outside_the_table_are_refused[stablelm]
+    # control: test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2.py test_families_outside_the_table_are_refused[stablelm]
 
 
 def test_exaone_3_5_7_8b_reads_num_layers_and_head_dim():
@@ -126,4 +126,4 @@ def test_exaone_3_5_7_8b_reads_num_layers_and_head_dim():
     check_kv_bytes(desc, 32, 8, 128)
     # 8 KV heads split across TP 8: 1 per GPU
     assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
-    # control: test_model_families_more_c.py test_families_outside_the_table_are_refused[exaone]
+    # control: test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2.py test_families_outside_the_table_are_refused[exaone]
