@@ -144,32 +144,32 @@ def count(value, what="count"):
     return int(value)
 
 
+def _matching(value, what, pattern, rule, max_len=None):
+    """The text of `value` when `pattern` matches all of it (and it is at most max_len
+    long); else GrammarError: '<what> <value> <rule>'."""
+    text = _text(value, what)
+    if (max_len is not None and len(text) > max_len) or not pattern.fullmatch(text):
+        raise GrammarError(f"{what} {text!r:.120} {rule}")
+    return text
+
+
 def haproxy_time(value, what="time"):
     """An HAProxy time: a whole number, then us, ms (the default), s, m, h or d."""
-    text = _text(value, what)
-    if not _HAPROXY_TIME.fullmatch(text):
-        raise GrammarError(f"{what} {text!r:.120} is not an HAProxy time: a whole number, then "
-                           "us, ms, s, m, h or d (5s, 30m)")
-    return text
+    return _matching(value, what, _HAPROXY_TIME, "is not an HAProxy time: a whole number, "
+                     "then us, ms, s, m, h or d (5s, 30m)")
 
 
 def keywords(value, what="keywords"):
     """1-256 characters of space-separated keywords (letters, digits, _ ( ) . , -)."""
-    text = _text(value, what)
-    if len(text) > 256 or not _KEYWORDS.fullmatch(text):
-        raise GrammarError(f"{what} {text!r:.120} is not a list of keywords: words of letters, "
-                           "digits and _ ( ) . , - separated by single spaces (at most 256 "
-                           "characters)")
-    return text
+    return _matching(value, what, _KEYWORDS, "is not a list of keywords: words of letters, "
+                     "digits and _ ( ) . , - separated by single spaces (at most 256 "
+                     "characters)", max_len=256)
 
 
 def url_path(value, what="URL path"):
     """'/' then up to 255 of A-Z a-z 0-9 - . _ ~ /."""
-    text = _text(value, what)
-    if not _URL_PATH.fullmatch(text):
-        raise GrammarError(f"{what} {text!r:.120} is not a URL path: '/' then up to 255 of "
-                           "A-Z a-z 0-9 - . _ ~ / (no space, query or percent-escape)")
-    return text
+    return _matching(value, what, _URL_PATH, "is not a URL path: '/' then up to 255 of "
+                     "A-Z a-z 0-9 - . _ ~ / (no space, query or percent-escape)")
 
 
 def url_paths(value, what="URL paths"):
