@@ -281,7 +281,10 @@ def build_report(points, instances, skipped=(), run_id="", matrix=None, analysis
               "failed": sum(p["status"] != "ok" for p in points)}
     summary = {
         "run_id": run_id, "points": counts, "matrix": matrix,
-        "groups": [{k: v for k, v in g.items() if k != "rows"} for g in all_groups],
+        # each group says what ran: every concurrency level with its status
+        "groups": [dict({k: v for k, v in g.items() if k != "rows"},
+                        ran=[{"concurrency": r["concurrency"], "status": r["status"]}
+                             for r in g["rows"]]) for g in all_groups],
         "knees": knees, "knee_facts": knee_facts, "knee_rps_by_host": knee_rps,
         "failed_points": [{"instance": p["instance"], **{k: p["row"][k] for k in
                            ("concurrency", "input_len", "output_len")}, "error": p.get("error")}

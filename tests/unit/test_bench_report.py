@@ -142,6 +142,9 @@ def test_summary_knee_cliff_and_facts(report):
     h1 = [g for g in s["groups"] if g["instance"] == "h1:8000"]
     assert [g["knee"]["concurrency"] for g in h1] == [8, 8]
     long_pair = next(g for g in h1 if g["input_len"] == 3584)
+    # what ran, level by level, with the failed point among them
+    assert {"concurrency": 32, "status": "failed"} in long_pair["ran"]
+    assert sum(len(g["ran"]) for g in s["groups"]) == s["points"]["total"]
     # the TTFT step at 16 is a finding; the service stops delivering at 32 (the point failed)
     assert long_pair["cliff"]["concurrency"] == 32 and long_pair["cliff"]["rule"] == "point_failed"
     assert (16, "p99_ttft_jump") in [(f["concurrency"], f["rule"]) for f in long_pair["findings"]]
