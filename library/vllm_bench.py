@@ -88,6 +88,14 @@ options:
     type: list
     elements: int
     default: [50, 90, 99]
+  goodput:
+    description:
+      - Latency objectives in milliseconds, by vLLM's names C(ttft), C(tpot), C(e2el)
+        (C(--goodput KEY:VALUE)). A request meeting all of them is good; the result's
+        C(request_goodput) then feeds the cliff rule C(goodput_below_offered).
+      - Empty (the default) measures no goodput.
+    type: dict
+    default: {}
   timeout:
     description:
       - Seconds the point may run; past it the container is removed and the point fails.
@@ -206,7 +214,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.bench import (PRESETS, BenchError, bench_env, bench_plan,
-                                                 bench_serve_command, failed_point,
+                                                 bench_serve_command, failed_point, goodput_flags,
                                                  instance_from_inspect, is_loopback,
                                                  parse_dmon, percentile_flags,
                                                  point_from_result, split_target,
@@ -394,6 +402,7 @@ def bench(params, client, check_mode, sampler_factory=None):
                 "seconds": round(time.monotonic() - start, 1)}
     point = {k: point.get(k) for k in ("input_len", "output_len", "concurrency", "num_prompts")}
     percentile_flags(params["percentiles"])  # refuse a bad list before anything runs
+    goodput_flags(params["goodput"])
     network_mode = "host" if is_loopback(address) else "default"
     out = {"status": None, "error": None, "network_mode": network_mode, "point": point}
     try:
@@ -407,7 +416,8 @@ def bench(params, client, check_mode, sampler_factory=None):
     out["command"] = bench_serve_command(
         point, host=address, port=port, model=params["served_model_name"],
         tokenizer=info["model_path"], instance=instance, result_dir=RESULT_DIR,
-        result_filename=RESULT_FILE, percentiles=params["percentiles"], seed=params["seed"])
+        result_filename=RESULT_FILE, percentiles=params["percentiles"], seed=params["seed"],
+        goodput=params["goodput"])
     if check_mode:
         out.update(status="not_run", seconds=round(time.monotonic() - start, 1))
         return out
@@ -474,6 +484,7 @@ def main():
             "min_prompts": {"type": "int", "default": 50},
             "overflow": {"type": "str", "choices": ["clip", "drop"], "default": "clip"},
             "percentiles": {"type": "list", "elements": "int", "default": [50, 90, 99]},
+            "goodput": {"type": "dict", "default": {}},
             "timeout": {"type": "int", "default": 900},
             "api_key": {"type": "str", "default": "", "no_log": True},
             "name": {"type": "str", "default": ""},

@@ -101,12 +101,14 @@ __all__ = [
     "LAB_CONCURRENCY",
     "LAB_PAIRS",
     "FLAT_TOLERANCE",
+    "GOODPUT_METRICS",
     "METRICS",
     "PERCENTILES",
     "REQUIRED_KEYS",
     "ROW_FIELDS",
     "analyse",
     "failed_point",
+    "goodput_flags",
     "load_result",
     "matrix_points",
     "point_from_result",
@@ -559,6 +561,33 @@ def percentile_flags(percentiles=PERCENTILES):
     return tuple(flags)
 
 
+# vLLM 0.32 benchmarks/serve.py check_goodput_args(): the request-level metrics a goodput
+# objective may name, each a latency in milliseconds.
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def goodput_flags(goodput=None):
+    """`--goodput KEY:VALUE ...` for latency objectives {ttft|tpot|e2el: ms} (vLLM counts a
+    request good when it meets every one; request_goodput then feeds the cliff's
+    goodput_below_offered rule); () without objectives."""
+    if not goodput:
+        return ()
+    if not isinstance(goodput, dict):
+        raise BenchError(f"goodput must be a mapping of {'/'.join(GOODPUT_METRICS)} to "
+                         f"milliseconds, not {goodput!r:.80}")
+    flags = []
+    for key, value in goodput.items():
+        if key not in GOODPUT_METRICS:
+            raise BenchError(f"goodput names {key!r:.40}: vLLM's goodput objectives are "
+                             f"{', '.join(GOODPUT_METRICS)} (milliseconds)")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or not 0 < value <= 86400000):
+            raise BenchError(f"goodput {key} must be a number of milliseconds above 0 (at "
+                             f"most a day), not {value!r:.40}")
+        flags.append(f"{key}:{value:g}")
+    return ("--goodput", *flags)
+
+
 def bench_plan(concurrency, pairs, max_model_len=None, min_prompts=50,
                prompts_per_concurrency=PROMPTS_PER_CONCURRENCY, overflow="clip"):
     """matrix_points() with each point's num_prompts = max(prompts_per_concurrency x
@@ -715,9 +744,9 @@ def plan_instances(entries, hosts=None):
 
 
 def bench_serve_command(point, *, host, port, model, tokenizer, instance, result_dir,
-                        result_filename, percentiles=PERCENTILES, seed=0):
+                        result_filename, percentiles=PERCENTILES, seed=0, goodput=None):
     """The `vllm bench serve` argv (after the `vllm` entrypoint) for one point
-    {input_len, output_len, concurrency, num_prompts}."""
+    {input_len, output_len, concurrency, num_prompts}; `goodput`: goodput_flags()."""
     inp = _positive_int(point.get("input_len"), "input_len")
     out = _positive_int(point.get("output_len"), "output_len")
     conc = _positive_int(point.get("concurrency"), "concurrency")
@@ -729,7 +758,7 @@ def bench_serve_command(point, *, host, port, model, tokenizer, instance, result
              "--max-concurrency", str(conc), "--ignore-eos", "--seed", str(int(seed)),
              "--disable-tqdm", "--result-dir", str(result_dir),
              "--result-filename", str(result_filename)]
-            + list(percentile_flags(percentiles))
+            + list(percentile_flags(percentiles)) + list(goodput_flags(goodput))
             + ["--metadata", f"instance={instance}", f"input_len={inp}", f"output_len={out}"])
 
 

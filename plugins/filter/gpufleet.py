@@ -61,6 +61,18 @@ def bad_inputs(inputs):
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def goodput_problem(goodput):
+    """gpufleet.bench.goodput_flags' refusal of latency objectives ('' when they hold), so
+    the benchmark's preflight says it before any point runs."""
+    from gpufleet import bench
+
+    try:
+        bench.goodput_flags(goodput)
+    except bench.BenchError as exc:
+        return str(exc)
+    return ""
+
+
 def host_models(instances, hosts):
     """{host: [served model names]} for `hosts` (in their order) from the fleet's list."""
     out = {h: [] for h in hosts}
@@ -132,6 +144,7 @@ class FilterModule:
         return {
             "gpufleet_bad_addresses": bad_addresses,
             "gpufleet_bad_inputs": bad_inputs,
+            "gpufleet_goodput_problem": goodput_problem,
             "gpufleet_bad_repo_ids": bad_repo_ids,
             "gpufleet_host_models": host_models,
             "gpufleet_models_with_secret_args": tune.models_with_secret_args,

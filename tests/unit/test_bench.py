@@ -7,6 +7,7 @@ curves are synthetic with a knee and a cliff put where the test says; every expe
 number is derived in the test from the curve, not read back from the code under test.
 """
 import csv
+import re
 import io
 import json
 import shutil
@@ -558,3 +559,43 @@ def test_knee_and_cliff_are_consistent_on_every_curve():
     seven = _all_recorded_groups()[-1]
     old_cliff = seven["findings"][0]
     assert seven["knee"]["concurrency"] == 16 and old_cliff["concurrency"] == 2 < 16
+
+
+# --- goodput: the latency objective behind the cliff's goodput rule (#34 item 7) --------------
+def test_goodput_flags_are_vllms_key_value_pairs():
+    assert b.goodput_flags({}) == () and b.goodput_flags(None) == ()
+    assert b.goodput_flags({"ttft": 2000, "e2el": 20000.5}) == ("--goodput", "ttft:2000", "e2el:20000.5")
+    point = {"input_len": 32, "output_len": 16, "concurrency": 2, "num_prompts": 20}
+    argv = b.bench_serve_command(point, host="127.0.0.1", port=8000, model="m", tokenizer="/m",
+                                 instance="i", result_dir="/r", result_filename="f.json",
+                                 goodput={"tpot": 50})
+    assert argv[argv.index("--goodput"):argv.index("--goodput") + 2] == ["--goodput", "tpot:50"]
+    assert "--goodput" not in b.bench_serve_command(
+        point, host="127.0.0.1", port=8000, model="m", tokenizer="/m", instance="i",
+        result_dir="/r", result_filename="f.json")
+
+
+@pytest.mark.parametrize("goodput, said", [
+    ({"latency": 100}, "vLLM's goodput objectives are ttft, tpot, e2el"),
+    ({"ttft": 0}, "above 0"), ({"ttft": -5}, "above 0"), ({"ttft": float("nan")}, "above 0"),
+    ({"ttft": "2000"}, "above 0"), ({"ttft": True}, "above 0"), ({"e2el": 1e12}, "at most a day"),
+    (["ttft:2000"], "must be a mapping"),
+])
+def test_bad_goodput_is_refused_with_the_rule(goodput, said):
+    with pytest.raises(b.BenchError, match=re.escape(said)):
+        b.goodput_flags(goodput)
+
+
+def test_goodput_below_the_objective_is_the_cliff():
+    """With objectives, vLLM's request_goodput falls where requests miss them: at 32 only
+    half the offered requests are good, a cliff (goodput_below_offered) though throughput
+    still rises; the knee is below it. Control: the same points without goodput have none."""
+    def point(c, goodput=True):
+        data = result(c, saturating(8)(c))
+        if goodput:
+            data["request_goodput"] = data["request_throughput"] * (0.5 if c >= 32 else 1.0)
+        return b.point_from_result(data)
+    group = one([point(c) for c in C])
+    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (32, "goodput_below_offered")
+    assert group["knee"] and group["knee"]["concurrency"] < 32
+    assert one([point(c, False) for c in C])["cliff"] is None

@@ -327,6 +327,17 @@ def test_module_refuses_bad_percentiles(client, monkeypatch):
     assert failed and "lack 90" in result["msg"]
 
 
+def test_module_refuses_bad_goodput_and_passes_good_goodput(client, monkeypatch):
+    fake = client()
+    result, failed = run_module(vllm_bench.main, dict(ARGS, point=POINT, goodput={"latency": 5}),
+                                monkeypatch)
+    assert failed and "vLLM's goodput objectives are ttft, tpot, e2el" in result["msg"]
+    assert not fake.runs
+    result, failed = run_module(vllm_bench.main, dict(ARGS, point=POINT, goodput={"ttft": 2000}),
+                                monkeypatch, check_mode=True)
+    assert not failed and "ttft:2000" in result["command"]
+
+
 # ---------------------------------------------------------------------------
 # Knee facts for upgrade.yml's capacity gate
 # ---------------------------------------------------------------------------
