@@ -340,3 +340,22 @@ def test_the_site_mirror_preflight_refuses_a_hostile_root_and_port(tmp_path):
     assert "hf_site_mirror_root '/srv/hf;" in failures[0] and "hf_site_mirror_port must be" in failures[0]
     rc, failures, _ = _preflight(tmp_path, "hf_site_mirror", {"hf_site_mirror_models": models})
     assert not any("Check the inputs" in f for f in failures), failures
+
+
+@pytest.mark.parametrize("kind, good, bad", [
+    (grammar.haproxy_time, ["5s", "30m", "100", "250ms", "10us", "1d"],
+     ["", "5 s", "5sec", "-1s", "1.5s", "30m\nlisten x", "5s #", "1 minute"]),
+    (grammar.keywords, ["leastconn", "random(2)", "conn-failure empty-response 503", "hdr(host)"],
+     ["", "a  b", " leastconn", "leastconn\n    http-request allow", "all #", "a;b", "x" * 257]),
+    (grammar.url_path, ["/health", "/v1/chat/completions", "/", "/a-b_c.d~e"],
+     ["", "health", "/a b", "/a?b", "/a%20b", "/a#b", "/a\n", "/" + "a" * 256]),
+    (grammar.integer, [0, 1, -1, "42", "-3"], ["", "1.5", "1e3", "1\nlisten x", True, None, 1.0]),
+])
+def test_haproxy_kinds(kind, good, bad):
+    """The kinds vllm_gateway's preflight checks: each real value passes, each hostile or
+    malformed one is refused with a GrammarError that names it."""
+    for value in good:
+        kind(value, "v")
+    for value in bad + WRONG_TYPES[:2]:
+        with pytest.raises(grammar.GrammarError, match="^v "):
+            kind(value, "v")
