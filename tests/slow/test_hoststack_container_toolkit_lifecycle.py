@@ -6,13 +6,15 @@ daemon.json the role creates. The toolkit packages come from the lab's STAND-IN
 libnvidia-container repository (lab/apt/, 127.0.0.1:8081). Shows bad input failing
 before any change, then the four steps: check mode predicts, apply, re-apply with
 nothing changed, check mode with nothing to change. The inner dockerd is kept off the
-machine's network ("bridge": "none", iptables off) because the container shares it.
+machine's network ("bridge": "none", iptables off, and a network namespace of its own:
+molecule/shared/docker-private-network.yml) because the container shares it.
 """
 import json
 import shutil
 
 import pytest
 
+from conftest import ROOT
 from helpers import debian_systemd_host, run_playbook, sh
 
 pytestmark = [
@@ -39,6 +41,8 @@ PLAYBOOK = """
         mode: "0644"
         force: false
       when: keep_network | default(true)
+    - name: Give the inner dockerd a network namespace of its own (the machine's docker0 stays)
+      ansible.builtin.include_tasks: """ + str(ROOT / "molecule/shared/docker-private-network.yml") + """
   roles:
     - role: container_toolkit
 """
