@@ -106,10 +106,7 @@ cat "$images_log"
 # The fetch wait's 500-poll playbook tests (about 4 minutes of one core) go there too, so the
 # rollout orchestration tests (tests/unit/test_upgrade_orchestration.py, about 4 minutes)
 # and they add to both lanes alike.
-# Since CI stop 38 the driver lifecycle file is back in the other lane: this one now also
-# runs the lab tests with no latency gate (marker lab_shared, about 4 minutes) once the lab
-# is up.
-AFTER_MOLECULE=(tests/unit/test_fetch_wait.py)
+AFTER_MOLECULE=(tests/slow/test_hoststack_driver_lifecycle.py tests/unit/test_fetch_wait.py)
 stage "molecule: every scenario, then ${AFTER_MOLECULE[*]} (beside the slow tests without the lab)"
 # vllm_server's scenario is run by tests/slow/test_vllm_server_molecule.py (with a random
 # API key it then looks for in the whole output), so it is not run twice.
@@ -128,13 +125,11 @@ for s in "${BESIDE_SCENARIOS[@]}"; do [[ -f "molecule/$s/molecule.yml" ]] || die
 bash lab/apt/serve.sh
 molecule_log="$ROOT/.cache/test-logs/molecule.log"
 # its own process group (setsid), stopped with the run when a stage fails (on_exit)
-# When both are done, this lane brings the lab up (`scripts/lab.sh run`, about 6 min at
-# CI stop 37) beside the other lane's last slow tests: none of those uses the lab's names or
-# ports (the mirrors' and vLLM's included). Its exit code and log are left in $lab_done for
-# the lab tests' fixture (tests/conftest.py), which asserts on them as it does on its own
-# run. Then the lab tests with no latency gate run here (-m lab_shared: the lab run's checks,
-# its second run, check mode, the site.yml refusal, the control case; about 4 min alone, with
-# a core mostly idle), the lab left up (GPUFLEET_KEEP_LAB) for the lab stage.
+# When both are done, this lane brings the lab up (`scripts/lab.sh run`, about 5 1/2 min at
+# CI stop 36, then the first minutes of the lab stage) beside the other lane's last slow
+# tests: none of those uses the lab's names or ports (the mirrors' and vLLM's included).
+# Its exit code and log are left in $lab_done for the lab tests' fixture (tests/conftest.py),
+# which asserts on them as it does on its own run.
 lab_done="$ROOT/.cache/test-logs/lab-run.done"
 lab_log="$ROOT/.cache/test-logs/lab-run.log"
 rm -f "$lab_done"
@@ -144,10 +139,7 @@ setsid bash -c 'set -euo pipefail; . scripts/lib.sh; molecule_tests $1
     log "== the lab: scripts/lab.sh run, for the lab stage (at $(date -u +%H:%M:%S)); log $lab_log"
     rc=0; bash scripts/lab.sh run > "$lab_log" 2>&1 || rc=$?
     echo "$rc $lab_log" > "$lab_done"
-    log "== the lab is up (exit $rc, at $(date -u +%H:%M:%S)); its tests with no latency gate"
-    GPUFLEET_LAB_RUN_DONE=$lab_done GPUFLEET_KEEP_LAB=1 \
-      pytest -q -s --durations=10 -m "slow and lab and lab_shared" tests
-    log "== done (at $(date -u +%H:%M:%S))"' \
+    log "== the lab is up (exit $rc, at $(date -u +%H:%M:%S))"' \
   molecule "$scenarios" "$lab_done" "$lab_log" "${AFTER_MOLECULE[@]}" > "$molecule_log" 2>&1 &
 molecule_pid=$!
 
@@ -175,11 +167,15 @@ fi
 [[ -f "$lab_done" ]] || die "the Molecule lane ended without bringing the lab up ($lab_done)"
 export GPUFLEET_LAB_RUN_DONE="$lab_done"
 stage "pytest: slow tests on the lab (the whole lab, alone)"
-# On the lab the Molecule lane brought up and ran its lab_shared tests on: every rolling
-# upgrade under load ((a) settings, the same upgrade again, (b) image, (d) bad canary, (e)
-# driver branch with reboots, (g) the controller killed after a drain, HAProxy reloaded,
-# then resumed, (h) two runs at once, (c) model revision), then playbooks/benchmark.yml.
-# Each stage above prints its start; pytest's --durations gives each case's time.
+# The lab run (brought up by the Molecule lane), the front door's route table, its second
+# run, check mode, the site.yml refusal, the control case, every rolling upgrade under load
+# ((a) settings, the same upgrade again, (b) image, (d) bad canary, (e) driver branch with
+# reboots, (g) the controller killed after a drain, HAProxy reloaded while that host is out,
+# then resumed, (h) two runs at once, (c) model revision), then playbooks/benchmark.yml, on
+# one lab. (At CI stop 38 the lab tests with no latency gate ran in the Molecule lane as
+# soon as the lab was up: the lanes, CPU-bound, took 8 minutes more and the lab stage 5
+# less, so they are back here.) Each stage above
+# prints its start; pytest's --durations gives each case's time.
 # -s: the load totals (requests sent and failed) are printed.
-pytest -q -s --durations=30 -m "slow and lab and not lab_shared" tests
+pytest -q -s --durations=30 -m "slow and lab" tests
 stage "done"

@@ -144,7 +144,6 @@ def why(out):
     return failures(out) + "\n=== tail ===\n" + out[-3000:]
 
 
-@pytest.mark.lab_shared
 def test_lab_run_serves_through_the_gateway(lab):
     out = lab["output"]
     assert lab["rc"] == 0, why(out)
@@ -175,7 +174,6 @@ def prom_query(query):
     return body["data"]["result"]
 
 
-@pytest.mark.lab_shared
 def test_prometheus_scrapes_every_serving_instance(lab):
     """The lab's Prometheus (Debian's package, roles/fleet_monitoring) scrapes every instance
     of the fleet's list and the gateway: each is up, and vLLM's own metric names have a
@@ -198,7 +196,6 @@ def test_prometheus_scrapes_every_serving_instance(lab):
     assert "SUCCESS: 5 rules found" in rules, rules
 
 
-@pytest.mark.lab_shared
 def test_the_summary_waits_for_prometheus_to_list_every_instance(lab):
     """Right after Prometheus (re)starts it has not read its file_sd yet: the summary waits
     until it lists every instance of the fleet's list. (Control, run by hand on 2026-12-06:
@@ -211,7 +208,6 @@ def test_the_summary_waits_for_prometheus_to_list_every_instance(lab):
     assert f"prometheus lab-gw {PROMETHEUS}: 3 of 3 vLLM instances up" in out, out[-3000:]
 
 
-@pytest.mark.lab_shared
 def test_every_route_needs_the_key_at_the_gateway(lab):
     """The front door (roles/vllm_gateway, docs/gateway.md): every route the running vLLM
     lists in its own /openapi.json, sent without a key straight to the instance and
@@ -261,7 +257,6 @@ def host_sh(host, command):
     return sh("docker", "exec", f"gpufleet-lab-{host}", "bash", "-c", command).stdout
 
 
-@pytest.mark.lab_shared
 def test_a_second_site_run_changes_nothing(lab):
     """The state play skips every host its first run left unchanged, in one round trip;
     each skipped host's instances still answer the summary's request. Then drift on two
@@ -297,7 +292,6 @@ def test_a_second_site_run_changes_nothing(lab):
     assert host_sh("lab-a100", f"cat {conf}") == original
 
 
-@pytest.mark.lab_shared
 def test_upgrade_check_mode_prints_the_plan_and_changes_nothing(lab):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     rc, out = playbook("playbooks/upgrade.yml", {"vllm_server_models": chat_models(1024)},
@@ -309,7 +303,6 @@ def test_upgrade_check_mode_prints_the_plan_and_changes_nothing(lab):
     assert {h: inspect(c) for h, c in CHAT_CONTAINERS.items()} == before
 
 
-@pytest.mark.lab_shared
 def test_site_refuses_to_replace_a_serving_container_behind_the_gateway(lab):
     before = inspect(CHAT_CONTAINERS["lab-h200"])
     rc, out = playbook("site.yml", {"vllm_server_models": chat_models(1024)}, limit="lab-h200")
@@ -319,7 +312,6 @@ def test_site_refuses_to_replace_a_serving_container_behind_the_gateway(lab):
     assert inspect(CHAT_CONTAINERS["lab-h200"]) == before
 
 
-@pytest.mark.lab_shared
 def test_control_replacing_without_the_gateway_drops_requests(lab, tmp_path):
     """Today's behaviour without the gateway: the instance's own port while vllm_server
     replaces its container (what site.yml did before the gateway). This must fail
