@@ -66,6 +66,22 @@ def run_playbook(inventory, playbook, host, extra_vars, check=False, timeout=900
     return proc.returncode, report["stats"][host]["changed"], failures, changed
 
 
+def run_role_preflight(tmp_path, role, extra_vars):
+    """The role's preflight (include_role tasks_from: preflight) on localhost through
+    run_playbook: (rc, failure messages, names of changed tasks)."""
+    from conftest import ROOT
+
+    play = tmp_path / "play.yml"
+    play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                    "    - name: Preflight\n      ansible.builtin.include_role:\n"
+                    f"        name: {role}\n        tasks_from: preflight\n")
+    inventory = tmp_path / "hosts"
+    inventory.write_text("localhost ansible_connection=local ansible_python_interpreter="
+                         f"{ROOT / '.venv/bin/python'}\n")
+    rc, _, failures, changed = run_playbook(inventory, play, "localhost", extra_vars)
+    return rc, failures, changed
+
+
 def _failed_modules(res):
     """Why each module of a failed fact gathering failed ("The following modules failed
     to execute: ansible.legacy.setup" says only which), so a failure in CI names it."""

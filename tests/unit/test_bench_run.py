@@ -4,7 +4,6 @@ fake docker client (stand-in for the Docker engine: it records what would run an
 with the saved results of tests/fixtures/bench)."""
 import io
 import json
-import pathlib
 import tarfile
 
 import pytest
@@ -393,24 +392,16 @@ def test_no_knee_leaves_the_backend_out():
 def test_the_role_preflight_refuses_bad_goodput_before_any_point(tmp_path):
     """fleet_benchmark's preflight (tasks_from: preflight) on localhost: objectives vLLM
     would refuse are refused with the rule before anything runs; good ones pass."""
-    from helpers import run_playbook
+    from helpers import run_role_preflight
 
-    root = pathlib.Path(__file__).resolve().parents[2]
-    play = tmp_path / "play.yml"
-    play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
-                    "    - name: Preflight\n      ansible.builtin.include_role:\n"
-                    "        name: fleet_benchmark\n        tasks_from: preflight\n")
-    inventory = tmp_path / "hosts"
-    inventory.write_text("localhost ansible_connection=local ansible_python_interpreter="
-                         f"{root / '.venv/bin/python'}\n")
     listing = tmp_path / "vllm.json"
     listing.write_text("[]")
     base = {"fleet_benchmark_instances_file": str(listing)}
-    rc, _, failures, changed = run_playbook(inventory, play, "localhost",
-                                            dict(base, fleet_benchmark_goodput={"latency": 100}))
+    rc, failures, changed = run_role_preflight(tmp_path, "fleet_benchmark",
+                                               dict(base, fleet_benchmark_goodput={"latency": 100}))
     assert rc != 0 and changed == [] and len(failures) == 1, failures
     assert "fleet_benchmark_goodput: goodput names 'latency'" in failures[0], failures
     assert "Nothing was run" in failures[0]
-    rc, _, failures, _ = run_playbook(inventory, play, "localhost",
-                                      dict(base, fleet_benchmark_goodput={"ttft": 2000}))
+    rc, failures, _ = run_role_preflight(tmp_path, "fleet_benchmark",
+                                         dict(base, fleet_benchmark_goodput={"ttft": 2000}))
     assert not any("latency objectives" in f for f in failures), failures

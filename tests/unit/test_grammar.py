@@ -236,18 +236,9 @@ def test_control_a_hostile_duration_adds_an_alert_rule():
 
 
 def _preflight(tmp_path, role, extra):
-    """The role's preflight (tasks_from: preflight) on localhost: (rc, failures, changed)."""
-    from helpers import run_playbook
+    from helpers import run_role_preflight
 
-    play = tmp_path / "play.yml"
-    play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
-                    "    - name: Preflight\n      ansible.builtin.include_role:\n"
-                    f"        name: {role}\n        tasks_from: preflight\n")
-    inventory = tmp_path / "hosts"
-    inventory.write_text("localhost ansible_connection=local ansible_python_interpreter="
-                         f"{ROOT / '.venv/bin/python'}\n")
-    rc, _, failures, changed = run_playbook(inventory, play, "localhost", extra)
-    return rc, failures, changed
+    return run_role_preflight(tmp_path, role, extra)
 
 
 def test_the_monitoring_preflight_refuses_every_hostile_input_before_any_change(tmp_path):
