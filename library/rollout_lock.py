@@ -17,7 +17,7 @@ description:
   - C(absent) releases the lock when O(rollout) holds it; another rollout's lock is left
     alone (and said).
   - C(read) returns the lock (empty when none) and changes nothing.
-  - playbooks/upgrade.yml keeps it on the first host of the gateway group (where every
+  - playbooks/upgrade.yml keeps it on the first host of the inventory group gateways (where every
     run of the fleet looks), or on the first GPU host of the inventory without a gateway.
 version_added: "0.3.0"
 author: gpufleet

@@ -43,6 +43,12 @@ images_pid=""
 images_log="$ROOT/.cache/test-logs/lab-images.log"
 molecule_pid=""
 on_exit() {
+  # A signal to this script leaves its foreground stage (a pytest) running, and the lab
+  # would go down under it (its tests then fail after the fact): stop this script's
+  # children first (read from /proc: no procps needed).
+  local children
+  children=$(cat /proc/$$/task/*/children 2>/dev/null || true)
+  if [[ -n "${children// /}" ]]; then kill $children 2>/dev/null || true; fi
   if [[ -n "$images_pid" ]]; then kill -- "-$images_pid" 2>/dev/null || true; fi
   if [[ -n "$molecule_pid" ]]; then kill -- "-$molecule_pid" 2>/dev/null || true; fi
   # a lab the Molecule lane brought up that no lab test took down (a stage failed first)
