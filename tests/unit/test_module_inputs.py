@@ -31,7 +31,7 @@ real software on loopback or a fake of one call, named where it is defined:
 - apt_repo: a file:// apt repository in tmp_path (a Packages index), for
   nvidia_repo_info and nvidia_driver_plan (trusted: no key, no gpg).
 - FakeDocker: docker.from_env() for every module that talks to the Docker engine
-  (cuda_compat with image, vllm_args_check, vllm_park, vllm_bench, vllm_serve_plan,
+  (cuda_compat with image, vllm_args_check, vllm_image_version, vllm_park, vllm_bench, vllm_serve_plan,
   vllm_ready with container, vllm_record with check_image): vllm_args_check starts a
   container even in check mode; the others would reach the host's engine.
 - host_state._run: systemctl and docker answer "not installed" (rc 127), so host_state
@@ -395,7 +395,8 @@ class FakeDocker:
     """STAND-IN for docker.from_env(): containers (get, list, run) and images (get) of an
     engine holding the serving container "vllm-smol" (as tests/unit/test_bench_run.py),
     a container "vllm-m" and the CUDA image "nvidia/cuda:12.4.1"; run() returns a container
-    that exited 1 with the log of a vLLM that accepted its arguments and found no model."""
+    that exited 1 with the log of a vLLM that accepted its arguments and found no model
+    (or, for vllm_image_version's python3 probe, exited 0 printing "vllm 0.32.0+cpu")."""
 
     def __init__(self):
         self.containers, self.images, self.api = _Containers(), _Images(), None
@@ -415,6 +416,10 @@ class _Containers:
 
     def run(self, image, **kwargs):
         container = FakeContainer(kwargs.get("name") or "run", status="exited")
+        if (kwargs.get("entrypoint") or [""])[0] == "python3":  # vllm_image_version's probe
+            container.logs = lambda **kw: b"vllm 0.32.0+cpu\n"
+            container.wait = lambda timeout=None: {"StatusCode": 0}
+            return container
         log = (FIXTURES / "serve" / "args-accepted-no-model.log").read_bytes()
         container.logs = lambda **kw: log
         return container
@@ -538,6 +543,10 @@ BASELINES = {
         ("fake docker", lambda c: {"image": "gpufleet/vllm-cpu:lab", "name": "vllm-m-check",
                                    "command": ["/models/m", "--max-model-len", "4096"],
                                    "env": {"A": "1"}, "timeout": 30}),
+    ],
+    "vllm_image_version": [
+        ("fake docker", lambda c: {"image": "gpufleet/vllm-cpu:lab", "name": "vllm-version-check",
+                                   "timeout": 30}),
     ],
     "vllm_bench": [
         ("plan", lambda c: {"container": "vllm-smol", "target": "127.0.0.1:18000",

@@ -40,6 +40,8 @@ def _inventory(tmp_path, models, **host_vars):
         "ansible_connection": "local",
         "ansible_python_interpreter": str(ROOT / ".venv/bin/python"),
         "plan_nvidia_smi_xml": str(XML),
+        # a planning host without the image names the release (else read from the image)
+        "vllm_server_vllm_version": "0.32.0",
         "vllm_server_models": models, **host_vars}}}}
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump(inv))
