@@ -1,10 +1,15 @@
 """Order and parallelism gpufleet.hub must keep (docs/model-fetch.md, steps 4 and 5).
 
-- A file gets its final name only after every byte was hashed and the hash matched: it
-  is watched on the filesystem while a slow loopback mirror (tests/hfstub/server.py's
-  HubStub, a STAND-IN hub, throttled) sends it, and every rename into a final name is
-  recorded with the bytes it carried. A copy of Fetcher._download that renames first
-  and quarantines afterwards (the mutant below) is caught by the same checks.
+- A file gets its final name only after every byte was hashed and the hash matched,
+  while a slow loopback mirror (tests/hfstub/server.py's HubStub, a STAND-IN hub,
+  throttled) sends it. The evidence is recorded by events, in the fetcher's own thread:
+  every rename into a final name (with the bytes it carried), and at every hash update
+  and at the hexdigest whether the final name already exists. A polling thread also
+  watches the final name, but it can only add evidence: no outcome depends on when it
+  runs (under CPU load it missed the few ms between the rename and the end of the fetch,
+  and the good-file test failed; 3 of 200 runs beside a `pytest -n 2` of the other unit
+  files). Copies of Fetcher._download that rename first and quarantine afterwards, or
+  stream into the final name (the mutants below), are caught by the event checks alone.
 - Transfers run in parallel: with max_workers >= 2 the stand-in sends at least two
   bodies at the same time (with max_workers=1, never).
 """
@@ -39,21 +44,29 @@ def _client(url):
 
 
 class _Watch:
-    """Polls dest/BIG from another thread; keeps when it first appeared and its bytes."""
+    """Polls dest/BIG from another thread; keeps when it first appeared and its bytes.
+
+    A supplement to _Record's events, never the only evidence: a poll can miss a
+    short-lived state (the thread may not run for ms on a loaded machine), so __exit__
+    takes one last look after the thread ended, and the mutant controls must be caught
+    without this watcher."""
 
     def __init__(self, path):
         self.path, self.first_seen, self.first_bytes = path, None, None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _look(self):
+        if self.first_seen is None and os.path.lexists(self.path):
+            self.first_seen = time.monotonic()
+            try:
+                self.first_bytes = self.path.read_bytes()
+            except OSError:
+                self.first_bytes = b"<gone before it could be read>"
+
     def _run(self):
         while not self._stop.is_set():
-            if self.first_seen is None and os.path.lexists(self.path):
-                self.first_seen = time.monotonic()
-                try:
-                    self.first_bytes = self.path.read_bytes()
-                except OSError:
-                    self.first_bytes = b"<gone before it could be read>"
+            self._look()
             time.sleep(0.0005)
 
     def __enter__(self):
@@ -63,26 +76,37 @@ class _Watch:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+        self._look()  # the thread may have been stopped before it ran after the rename
 
 
 class _Record:
-    """Every hash update (time, bytes so far) and hexdigest of BIG, and every os.replace
-    into a final name under dest (time, the sha256 of the bytes it carried)."""
+    """Events, recorded in the thread that causes them (no polling): when BIG's last byte
+    was hashed (its hexdigest after `size` bytes), whether dest/BIG existed at any hash
+    update or at the hexdigest of BIG (before its last byte was hashed), and every
+    os.replace into a final name under dest (time, the sha256 of the bytes it carried)."""
 
     def __init__(self, monkeypatch, dest, size):
         self.dest, self.size = str(dest), size
+        self.final = os.path.join(self.dest, BIG)
         self.all_hashed_at, self.replaces = None, []
+        self.final_while_hashing = []  # (bytes hashed so far, "update" | "hexdigest")
         record, real_hasher, real_replace = self, hub.RepoFile.hasher, os.replace
 
         class Hasher:
             def __init__(self, inner):
                 self.inner, self.seen = inner, 0
 
+            def _final_exists(self, when):
+                if os.path.lexists(record.final):
+                    record.final_while_hashing.append((self.seen, when))
+
             def update(self, data):
+                self._final_exists("update")  # the bytes of data are not hashed yet
                 self.inner.update(data)
                 self.seen += len(data)
 
             def hexdigest(self):
+                self._final_exists("hexdigest")  # the hash is not checked yet
                 if self.seen == record.size:
                     record.all_hashed_at = time.monotonic()
                 return self.inner.hexdigest()
@@ -104,8 +128,9 @@ class _Record:
 
 
 def _violations(record, watch, dest, good_sha256):
-    """What broke the order: a final name that appeared before every byte was hashed, or
-    a rename into the final name of bytes that do not hash right."""
+    """What broke the order: a final name that existed before every byte was hashed, or
+    a rename into the final name of bytes that do not hash right. watch=None: the
+    recorded events alone (they do not depend on timing)."""
     final = os.path.join(str(dest), BIG)
     out = []
     for when, dst, sha in record.replaces:
@@ -113,7 +138,11 @@ def _violations(record, watch, dest, good_sha256):
             out.append(f"renamed bytes with sha256 {sha[:12]} into {BIG} before checking them")
         if dst == final and (record.all_hashed_at is None or when < record.all_hashed_at):
             out.append(f"renamed into {BIG} before its last byte was hashed")
-    if watch.first_seen is not None:
+    for seen, when in record.final_while_hashing[:1]:
+        out.append(f"{BIG} existed at a hash {when} after {seen} of {record.size} bytes "
+                   f"(before its last byte was hashed and checked); "
+                   f"{len(record.final_while_hashing)} such hash calls")
+    if watch is not None and watch.first_seen is not None:
         if record.all_hashed_at is None or watch.first_seen < record.all_hashed_at:
             out.append(f"{BIG} existed before its last byte was hashed")
         if watch.first_bytes != b"<gone before it could be read>" and \
@@ -201,7 +230,8 @@ def test_the_checks_catch_a_fetcher_that_breaks_the_order(monkeypatch, tmp_path,
     two tests above fail on such a change."""
     monkeypatch.setattr(hub.Fetcher, "_download", mutant)
     record, watch, dest, good, error = _fetch(monkeypatch, tmp_path, corrupt=corrupt)
-    assert _violations(record, watch, dest, good), "the broken order went unseen"
+    # the events alone (no polling) catch it, so catching it does not depend on timing
+    assert _violations(record, None, dest, good), "the broken order went unseen"
     if corrupt:
         assert isinstance(error, hub.HubError)  # the end state alone looks right
 
