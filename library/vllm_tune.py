@@ -151,6 +151,14 @@ options:
         rewritten for O(vllm_version). C(--api-key) is refused (the key would be on the
         command line and in this module's output); vllm_server passes its
         C(vllm_server_api_key) as C(VLLM_API_KEY).
+      - Every C(vllm serve) argument is classified (module_utils/gpufleet/engine_args.py,
+        docs/tuning.md). Refused, with what sets it instead, is one this module sets
+        (C(--max-model-len), C(--max-num-batched-tokens), C(--block-size), ...), one
+        vllm_server sets (C(--port), C(--served-model-name), ...) and one whose memory
+        this module does not model (C(--pipeline-parallel-size), C(--speculative-config),
+        C(--quantization), LoRA, offloading, ...). C(--enforce-eager),
+        C(--[no-]enable-prefix-caching) and C(--[no-]enable-chunked-prefill) are read
+        into RV(settings).
       - A model whose config class only its repository defines (EXAONE 3.x, InternLM2,
         GTE-new) is planned only when this holds C(--trust-remote-code), which runs the
         repository's Python in vLLM; the module never adds it.

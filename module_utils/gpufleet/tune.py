@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 
-from . import deepseek_v4
+from . import deepseek_v4, engine_args
 from .arch import ARCHITECTURES, ArchError, architecture, parse_compute_capability
 
 __all__ = [
@@ -813,7 +813,29 @@ def check_extra_args(extra_args):
                             "container's command line and in the module's output. Remove "
                             "it and set vllm_server_api_key (from a vault) instead: "
                             "vllm_server gives it to vLLM as VLLM_API_KEY.")
+    # every `vllm serve` argument is classified (engine_args.py, issue #34 item 1): one the
+    # tuner or vllm_server sets, or whose memory the tuner does not model, is refused
+    for i, arg in enumerate(out):
+        flag = engine_args.flag_of(arg)
+        why = engine_args.refusal(flag)
+        if flag == "--hf-overrides":
+            value = arg.split("=", 1)[1] if "=" in arg else (out[i + 1] if i + 1 < len(out) else None)
+            why = engine_args.hf_overrides_refusal(value)
+        if why:
+            raise TuneError(why)
     return out
+
+
+def _extra_toggle(extra_args, name, default):
+    """The last of --NAME / --no-NAME in extra_args (argparse's BooleanOptionalAction:
+    the last one wins), else `default`."""
+    value = default
+    for arg in extra_args:
+        if arg == f"--{name}":
+            value = True
+        elif arg == f"--no-{name}":
+            value = False
+    return value
 
 
 def _check_remote_config(model, extra_args, reasons):
@@ -1207,6 +1229,15 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     reasons = []
     extra_args = check_extra_args(extra_args)
     _check_remote_config(model, extra_args, reasons)
+    # what extra_args says of CUDA graphs is what vLLM runs with: the plan follows it
+    eager = _extra_toggle(extra_args, "enforce-eager", bool(enforce_eager))
+    if eager != bool(enforce_eager):
+        if enforce_eager:
+            raise TuneError("enforce_eager is true but extra_args holds --no-enforce-eager: "
+                            "say it once (the option enforce_eager).")
+        reasons.append("--enforce-eager (extra_args): no CUDA graphs, as the option "
+                       "enforce_eager; the plan reserves no graph memory.")
+    enforce_eager = eager
     tensor_parallel_size = _tp_option(tensor_parallel_size)
     if overhead_bytes is not None:
         overhead_bytes = _int_option(overhead_bytes, "overhead_bytes", minimum=0,
@@ -1236,6 +1267,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
            "mnbt": max(default_mnbt, max_num_seqs), "overhead_bytes": overhead_bytes,
            "enforce_eager": enforce_eager, "target_concurrency": target_concurrency,
            "async": async_scheduling(hw["cpu"], model["kind"] == "pooling", extra_args),
+           "extra": extra_args,
            "result": {"settings": settings, "reasons": reasons}}
 
     chosen, tp_reason = _choose_tp(ctx, tensor_parallel_size)
@@ -1269,8 +1301,13 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         "kv_cache_dtype": kv_dtype, "dtype": dtype_name, "block_size": hw["block_size"],
         "gpu_memory_utilization": opts["util"] if emits_util else None,
         "kv_cache_memory_bytes": opts["kv_cache_memory_bytes"], "runner": runner,
-        "convert": convert, "enable_prefix_caching": not ctx["pooling"],
-        "enable_chunked_prefill": not ctx["pooling"], "enforce_eager": bool(enforce_eager),
+        "convert": convert,
+        # as the container runs: the tuner's default, or what extra_args says last
+        "enable_prefix_caching": _extra_toggle(ctx["extra"], "enable-prefix-caching",
+                                               not ctx["pooling"]),
+        "enable_chunked_prefill": _extra_toggle(ctx["extra"], "enable-chunked-prefill",
+                                                not ctx["pooling"]),
+        "enforce_eager": bool(enforce_eager),
         "docker": docker, "env": env, "enable_expert_parallel": ep,
         "emit_block_size": model["attention"] == "deepseek_v4",
     })

@@ -190,6 +190,26 @@ def test_the_version_module_reads_the_release_the_image_runs(image, monkeypatch)
 
 
 @pytest.mark.slow
+def test_every_serve_argument_of_the_image_is_classified(image):
+    """tests/differential/serve_args.py in the image lists every `vllm serve` option
+    string; it must be the recorded list (tests/fixtures/vllm-args/serve-0.32.0.json)
+    that module_utils/gpufleet/engine_args.py classifies (tests/unit/test_engine_args.py).
+    A vLLM with an argument nobody classified fails here, naming it."""
+    out = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
+         "-v", f"{ROOT / 'tests' / 'differential'}:/d:ro", image.tags[0], "/d/serve_args.py"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    now = json.loads(out.stdout)
+    recorded = json.loads((ROOT / "tests/fixtures/vllm-args/serve-0.32.0.json").read_text())
+    flags = {f for arg in now["arguments"] for f in arg["flags"]}
+    known = {f for arg in recorded["arguments"] for f in arg["flags"]}
+    assert flags - known == set(), f"unclassified vllm serve arguments: {sorted(flags - known)}"
+    assert known - flags == set(), f"arguments vLLM no longer has: {sorted(known - flags)}"
+    assert now == recorded
+
+
+@pytest.mark.slow
 def test_tiny_model_serves_completions_with_the_requested_kv_cache(docker_client, image, tiny_model):
     import requests
 

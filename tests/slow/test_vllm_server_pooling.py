@@ -136,12 +136,15 @@ def test_pooling_model_create_keep_replace(playbook, tmp_path):
         first["Config"]["Labels"]["org.gpufleet.settings-hash"]
     assert "128" in replaced["Args"]
 
-    # vLLM accepts the flags (the argument check passes) but refuses to start: the
-    # replacement fails its gate and the parked container comes back and serves.
+    # vLLM accepts the flags (the argument check passes: it stops at the model first) but
+    # fails at start, loading a tokenizer that is not there: the replacement fails its
+    # gate and the parked container comes back and serves. (Until #34 item 1 this was
+    # --max-model-len 100000 in extra_args, which the tuner now refuses: it sets that.)
     _, output = _run(playbook, tmp_path, key, port, 128,
-                     extra_args=["--max-model-len", "100000"], expect_ok=False)
+                     extra_args=["--tokenizer", "/no-such-tokenizer"], expect_ok=False)
     assert f"{NAME} was not replaced" in output
-    assert "max_model_len 100000 is above the model's context" in output
+    cause = output[output.index(f"{NAME} was not replaced"):][:6000]
+    assert "/no-such-tokenizer" in cause, cause
     assert "The previous container serves again." in output
     back = _container()
     assert back["Id"] == replaced["Id"] and back["State"]["Running"]

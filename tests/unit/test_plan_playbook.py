@@ -169,3 +169,23 @@ def test_an_api_key_in_extra_args_is_refused_and_never_printed(tmp_path):
         assert proc.returncode != 0
         assert "vllm_server_api_key" in proc.stdout
         assert secret not in proc.stdout + proc.stderr
+
+
+def test_the_role_can_set_every_tuner_option():
+    """vllm_server's one vllm_tune call maps a model entry's key to every vllm_tune option
+    but those the role fills itself from the host (gpu_facts and model_config are the
+    module's alternatives to gpus and model_path). At 170a6fc block_size and
+    expert_parallel were missing: the role could not set them."""
+    import re
+
+    doc = re.search(r'DOCUMENTATION = r"""(.*?)"""', (ROOT / "library/vllm_tune.py").read_text(),
+                    re.S).group(1)
+    options = set(yaml.safe_load(doc)["options"])
+    tasks = yaml.safe_load((ROOT / "roles/vllm_server/tasks/tune.yml").read_text())
+    mapped = next(t["vllm_tune"] for t in tasks if "vllm_tune" in t)
+    assert options - set(mapped) == {"gpu_facts", "model_config"}, options - set(mapped)
+    assert not set(mapped) - options, set(mapped) - options
+    for option, value in mapped.items():
+        if option not in ("model_path", "gpus", "vllm_version"):
+            assert f"item.{option}" in str(value), (option, value)
+

@@ -549,8 +549,8 @@ def test_kv_cache_memory_bytes_on_gpu_is_emitted_and_used():
 def test_extra_args_are_rewritten_for_the_version():
     llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
     new = t.plan(llama, RTX_4090, max_model_len=4096,
-                 extra_args=["--disable-log-requests", "--served-model-name", "x"])
-    assert new["args"][-3:] == ["--no-enable-log-requests", "--served-model-name", "x"]
+                 extra_args=["--disable-log-requests", "--tool-call-parser", "hermes"])
+    assert new["args"][-3:] == ["--no-enable-log-requests", "--tool-call-parser", "hermes"]
     old = t.plan(llama, RTX_4090, max_model_len=4096, vllm_version="0.9.0",
                  extra_args=["--no-enable-log-requests"])
     assert old["args"][-1] == "--disable-log-requests"
@@ -603,11 +603,11 @@ def test_module_plans_from_a_folder(tmp_path, monkeypatch):
     for check_mode in (False, True):
         result, failed = run_module(module_main(), {
             "model_path": str(folder), "gpus": A10G, "max_model_len": 8192,
-            "extra_args": ["--served-model-name", "llama"]}, monkeypatch,
+            "extra_args": ["--tool-call-parser", "llama3_json"]}, monkeypatch,
             check_mode=check_mode)
         assert not failed and result["changed"] is False
         assert result["settings"]["max_model_len"] == 8192
-        assert result["args"][-2:] == ["--served-model-name", "llama"]
+        assert result["args"][-2:] == ["--tool-call-parser", "llama3_json"]
         assert result["model"]["layer_kinds"] == {"full": 32}
         assert result["prediction"]["kv_bytes_per_token"] == 131072
 

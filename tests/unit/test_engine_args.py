@@ -1,0 +1,150 @@
+"""Every `vllm serve` argument of vLLM 0.32.0 classified (issue #34 item 1,
+module_utils/gpufleet/engine_args.py), and the tuner acting on the class: a flag the
+tuner or vllm_server sets, or whose memory the tuner does not model, is refused in
+extra_args with what to do; a flag the tuner reads changes its settings as it changes
+what vLLM runs with; every other flag is passed through.
+
+The arguments are vLLM's own, recorded from the lab image
+(tests/fixtures/vllm-args/serve-0.32.0.json, written by tests/differential/serve_args.py;
+tests/slow/test_vllm_image.py regenerates it from the image and compares).
+Run with -s to print the count per class."""
+import collections
+import json
+import pathlib
+
+import pytest
+
+from conftest import FIXTURES
+from gpufleet import engine_args, tune
+from gpufleet import gpu as gpu_facts
+from gpufleet.model import describe_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RECORDED = json.loads((ROOT / "tests/fixtures/vllm-args/serve-0.32.0.json").read_text())
+FLAGS = [flag for arg in RECORDED["arguments"] for flag in arg["flags"]]
+MODELS = ROOT / "tests" / "fixtures" / "models"
+GiB = 1024 ** 3
+A10G = gpu_facts.parse_nvidia_smi_xml(
+    (FIXTURES / "nvidia-smi" / "telegraf-a10g.xml").read_text())["devices"]  # 23028 MiB, 8.6
+
+
+def _llama():
+    config = json.loads((MODELS / "llama-3.1-8b" / "config.json").read_text())
+    return describe_config(config, weights_bytes=16_060_522_496)
+
+
+def test_the_recorded_arguments_are_vllm_0_32_0s():
+    assert RECORDED["vllm_version"].startswith("0.32.0")
+    assert len(RECORDED["arguments"]) == 317 and len(FLAGS) == len(set(FLAGS)) == 430
+
+
+def test_every_flag_the_table_names_is_a_flag_of_vllm():
+    """No class holds a name vLLM does not have (a typo would classify nothing)."""
+    named = (set(engine_args.TUNED) | set(engine_args.SERVER) | set(engine_args.NOT_MODELLED)
+             | set(engine_args.READ))
+    assert named - set(FLAGS) == set(), sorted(named - set(FLAGS))
+    # and no flag is in two classes
+    counts = collections.Counter(list(engine_args.TUNED) + list(engine_args.SERVER)
+                                 + list(engine_args.NOT_MODELLED) + list(engine_args.READ))
+    assert [f for f, n in counts.items() if n > 1] == []
+
+
+def test_the_table_per_class(capsys):
+    """Every recorded argument has a class; the count per class (the issue's "Must
+    show"): an argument is counted once, by its first flag."""
+    per_class = collections.Counter(engine_args.classify(arg["flags"][0])
+                                    for arg in RECORDED["arguments"])
+    with capsys.disabled():
+        print("\n[engine args] vLLM 0.32.0 `vllm serve`: "
+              + ", ".join(f"{k} {per_class[k]}" for k in engine_args.CLASSES)
+              + f" (of {len(RECORDED['arguments'])} arguments)")
+    assert sum(per_class.values()) == 317
+    assert per_class["tuned"] >= 10 and per_class["not modelled"] >= 30
+    # every flag of an argument has the class of its first (aliases agree), but the off
+    # form of a boolean the tuner does not model (--no-enable-lora: vLLM's default)
+    for arg in RECORDED["arguments"]:
+        on = {engine_args.classify(f) for f in arg["flags"] if not f.startswith("--no-")}
+        assert len(on) == 1, arg
+        for flag in arg["flags"]:
+            if flag.startswith("--no-"):
+                assert engine_args.classify(flag) in on | {"passed through"}, flag
+
+
+def test_the_four_arguments_of_the_issue_are_refused_not_ignored():
+    """At 170a6fc each of these in extra_args gave the same prediction and settings as
+    without it (the settings even reported another max_num_batched_tokens)."""
+    llama = _llama()
+    for extra, option in ((["--max-num-batched-tokens", "4096"], "max_num_batched_tokens"),
+                          (["--block-size=32"], "block_size"),
+                          (["--pipeline-parallel-size", "2"], "pipeline parallelism"),
+                          (["-pp", "2"], "pipeline parallelism"),
+                          (["--speculative-config", '{"method": "eagle3"}'], "speculative"),
+                          (["-sc", "{}"], "speculative")):
+        with pytest.raises(tune.TuneError) as err:
+            tune.plan(llama, A10G, max_model_len=8192, extra_args=extra)
+        assert extra[0].split("=")[0] in str(err.value) and option in str(err.value), err.value
+
+
+@pytest.mark.parametrize("extra, pointer", [
+    (["--max-model-len", "4096"], "the option max_model_len"),
+    (["-tp", "2"], "the option tensor_parallel_size"),
+    (["--gpu-memory-utilization=0.8"], "the option gpu_memory_utilization"),
+    (["--kv-cache-dtype", "fp8"], "the option kv_cache_dtype"),
+    (["--max-num-seqs", "8"], "the option target_concurrency"),
+    (["--served-model-name", "x"], "served_model_name"),
+    (["--port", "9000"], "port"),
+    (["--config", "/etc/x.yaml"], "config file"),
+    (["--quantization", "fp8"], "quantized ahead"),
+    (["--enable-lora"], "LoRA"),
+    (["--num-gpu-blocks-override", "100"], "KV blocks"),
+    (["-O3"], "CUDA graph"),
+])
+def test_a_refusal_names_what_sets_it_instead(extra, pointer):
+    with pytest.raises(tune.TuneError) as err:
+        tune.plan(_llama(), A10G, max_model_len=8192, extra_args=extra)
+    assert pointer in str(err.value), err.value
+    assert "Remove it" in str(err.value)
+
+
+def test_flags_passed_through_and_values_are_not_flags():
+    llama = _llama()
+    extra = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--seed", "-1",
+             "--chat-template", "{{ x }}", "--trust-remote-code"]
+    result = tune.plan(llama, A10G, max_model_len=8192, extra_args=extra)
+    assert result["args"][-len(extra):] == extra
+    assert engine_args.flag_of("-1") is None and engine_args.flag_of("hermes") is None
+    assert engine_args.flag_of("--block-size=16") == "--block-size"
+
+
+def test_what_the_tuner_reads_from_extra_args_is_in_its_settings():
+    llama = _llama()
+    plain = tune.plan(llama, A10G, max_model_len=8192)
+    eager = tune.plan(llama, A10G, max_model_len=8192, extra_args=["--enforce-eager"])
+    option = tune.plan(llama, A10G, max_model_len=8192, enforce_eager=True)
+    # --enforce-eager in extra_args plans exactly as the option: no graph memory, so more KV
+    assert eager["settings"]["enforce_eager"] and eager["prediction"] == option["prediction"]
+    assert eager["prediction"]["kv_cache_bytes"] > plain["prediction"]["kv_cache_bytes"]
+    assert eager["args"].count("--enforce-eager") == 1
+    off = tune.plan(llama, A10G, max_model_len=8192,
+                    extra_args=["--no-enable-prefix-caching", "--no-enable-chunked-prefill"])
+    assert plain["settings"]["enable_prefix_caching"] and plain["settings"]["enable_chunked_prefill"]
+    assert not off["settings"]["enable_prefix_caching"]
+    assert not off["settings"]["enable_chunked_prefill"]
+    assert "--enable-prefix-caching" not in off["args"]
+    with pytest.raises(tune.TuneError, match="say it once"):
+        tune.plan(llama, A10G, max_model_len=8192, enforce_eager=True,
+                  extra_args=["--no-enforce-eager"])
+
+
+def test_hf_overrides_may_rename_an_architecture_only():
+    """docs/tuning.md's use (gte-multilingual-base: NewModel -> GteNewModel) passes; an
+    override of a field the plan reads from config.json does not."""
+    llama = _llama()
+    rename = ["--hf-overrides", '{"architectures": ["LlamaForCausalLM"]}']
+    assert tune.plan(llama, A10G, max_model_len=8192, extra_args=rename)["args"][-2:] == rename
+    for extra in (["--hf-overrides", '{"max_position_embeddings": 1000000}'],
+                  ['--hf-overrides={"num_hidden_layers": 2, "architectures": []}'],
+                  ["--hf-overrides", "not json"], ["--hf-overrides"]):
+        with pytest.raises(tune.TuneError, match="--hf-overrides"):
+            tune.plan(llama, A10G, max_model_len=8192, extra_args=extra)
+
