@@ -79,7 +79,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.serve import (LABEL_PREFIX, args_check_command, args_check_verdict,
-                                                 remove_container)
+                                                 remove_container, remove_leftover)
 
 try:
     import docker
@@ -93,10 +93,7 @@ except ImportError:
 def run(params, client):
     """Run the throwaway container; return (accepted, exit_code, logs, seconds)."""
     start = time.monotonic()
-    try:  # a container left by an interrupted earlier check
-        remove_container(client.containers.get(params["name"]), docker_errors.NotFound)
-    except docker_errors.NotFound:
-        pass
+    remove_leftover(client, params["name"], docker_errors.NotFound)
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **params["env"]}
     container = client.containers.run(
         params["image"], command=args_check_command(params["command"]), name=params["name"],

@@ -70,7 +70,7 @@ installed:
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.serve import (LABEL_PREFIX, VERSION_PROBE, image_vllm_version,
-                                                 remove_container)
+                                                 remove_container, remove_leftover)
 
 try:
     import docker
@@ -85,10 +85,7 @@ _MAX_OUTPUT = 4096  # the probe prints one short line
 
 def run(params, client):
     """Run the probe container; return (exit_code, output)."""
-    try:  # a container left by an interrupted earlier probe
-        remove_container(client.containers.get(params["name"]), docker_errors.NotFound)
-    except docker_errors.NotFound:
-        pass
+    remove_leftover(client, params["name"], docker_errors.NotFound)
     container = client.containers.run(
         params["image"], entrypoint=["python3", "-c", VERSION_PROBE], command=[],
         name=params["name"], network_mode="none", detach=True,

@@ -28,6 +28,7 @@ __all__ = [
     "device_request", "diagnose", "failure_message", "instance_labels", "local_url",
     "merge_registry", "model_revision", "plan_instances", "port_is_free", "previous_name",
     "reachable_address", "readiness_request", "registry_entry", "remove_container",
+    "remove_leftover",
     "VERSION_PROBE", "image_vllm_version", "settings_hash", "slug", "stop_timeout", "target",
     "wait_ready"
 ]
@@ -287,6 +288,15 @@ def remove_container(container, not_found, attempts=6, pause=5.0, sleep=time.sle
             if attempt == attempts:
                 raise
             sleep(pause)
+
+
+def remove_leftover(client, name, not_found):
+    """Remove the container `name` that an interrupted earlier run left, if there is one
+    (a throwaway check's container: vllm_args_check, vllm_image_version)."""
+    try:
+        remove_container(client.containers.get(name), not_found)
+    except not_found:
+        pass
 
 
 # ----------------------------------------------------------------- planning
