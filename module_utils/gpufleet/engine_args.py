@@ -53,6 +53,8 @@ SERVER = {
     "--port": "the model entry's port (vllm_server_port for the first)",
     "--api-key": "vllm_server_api_key (from a vault; given to vLLM as VLLM_API_KEY)",
     "--shutdown-timeout": "vllm_server_shutdown_timeout",
+    "--hf-token": ("nothing: vllm_server serves the folder model_fetch wrote, and a token on "
+                   "the command line is in `docker inspect` and every process list"),
     "--config": "the model entry's options: a config file would set arguments the plan cannot see",
     "--uds": "vllm_server_bind_address and the port (the gateway and Prometheus reach TCP)",
     "--headless": "nothing: gpufleet runs one API server per instance",

@@ -94,6 +94,7 @@ def test_the_four_arguments_of_the_issue_are_refused_not_ignored():
     (["--served-model-name", "x"], "served_model_name"),
     (["--port", "9000"], "port"),
     (["--config", "/etc/x.yaml"], "config file"),
+    (["--hf-token", "hf_secret_value"], "process list"),
     (["--quantization", "fp8"], "quantized ahead"),
     (["--enable-lora"], "LoRA"),
     (["--num-gpu-blocks-override", "100"], "KV blocks"),
@@ -104,6 +105,7 @@ def test_a_refusal_names_what_sets_it_instead(extra, pointer):
         tune.plan(_llama(), A10G, max_model_len=8192, extra_args=extra)
     assert pointer in str(err.value), err.value
     assert "Remove it" in str(err.value)
+    assert "hf_secret_value" not in str(err.value)  # a refusal never echoes a value
 
 
 def test_flags_passed_through_and_values_are_not_flags():
