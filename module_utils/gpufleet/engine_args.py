@@ -23,8 +23,10 @@ Plain Python, no Ansible imports.
 """
 from __future__ import annotations
 
+import json
+
 __all__ = ["TUNED", "SERVER", "NOT_MODELLED", "READ", "CLASSES", "HF_OVERRIDES_ALLOWED",
-           "classify", "refusal", "flag_of", "hf_overrides_refusal"]
+           "classify", "refusal", "flag_of", "hf_overrides_refusal", "first_refusal"]
 
 # flag -> the vllm_tune option (or what) sets it
 TUNED = {
@@ -153,8 +155,6 @@ def hf_overrides_refusal(value):
     all in HF_OVERRIDES_ALLOWED passes; any other key changes a config.json field that the
     plan reads from the file (a context length, a layer count), so vLLM would run with
     another model than the one planned."""
-    import json
-
     try:
         data = json.loads(value)
     except (TypeError, ValueError):
@@ -219,3 +219,19 @@ def refusal(flag):
         return (f"extra_args holds {flag}: {NOT_MODELLED[flag]}, so the plan's memory "
                 "prediction would not be what vLLM runs with. Remove it.")
     return None
+
+
+def first_refusal(args):
+    """Why a model's extra_args (a list of strings) may not be used, for the first
+    argument refused (refusal; --hf-overrides by its value), or None."""
+    for i, arg in enumerate(args):
+        flag = flag_of(arg)
+        if flag == "--hf-overrides":
+            value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else None)
+            why = hf_overrides_refusal(value)
+        else:
+            why = refusal(flag)
+        if why:
+            return why
+    return None
+

@@ -815,14 +815,9 @@ def check_extra_args(extra_args):
                             "vllm_server gives it to vLLM as VLLM_API_KEY.")
     # every `vllm serve` argument is classified (engine_args.py, issue #34 item 1): one the
     # tuner or vllm_server sets, or whose memory the tuner does not model, is refused
-    for i, arg in enumerate(out):
-        flag = engine_args.flag_of(arg)
-        why = engine_args.refusal(flag)
-        if flag == "--hf-overrides":
-            value = arg.split("=", 1)[1] if "=" in arg else (out[i + 1] if i + 1 < len(out) else None)
-            why = engine_args.hf_overrides_refusal(value)
-        if why:
-            raise TuneError(why)
+    why = engine_args.first_refusal(out)
+    if why:
+        raise TuneError(why)
     return out
 
 
