@@ -13,6 +13,12 @@ description:
   - Evaluates the image's C(NVIDIA_REQUIRE_CUDA) exactly as nvidia-container-cli does
     (space-separated alternatives, comma-separated conditions on cuda, driver, arch and
     brand). That check runs before the container starts, so its verdict dominates.
+  - A condition on another property (C(foo=bar)) is not malformed. NVIDIA's Go
+    requirements parser (CSV mode only) skips it, but on docker C(--gpus)
+    nvidia-container-cli refuses the container with "requirement error - invalid
+    expression" when it reads the term. That is returned as the verdict with the term; a
+    term it does not read is reported as ignored on this host. A term with no property
+    name or operator, or a value that is no version, is malformed and fails the task.
   - Checks the GPU architecture against the CUDA version (CUDA 13 dropped Maxwell, Pascal
     and Volta), the driver branch (R580 is the last for them) and the image's kernel list.
   - Predicts whether the container toolkit puts the image's CUDA forward-compatibility
@@ -215,7 +221,9 @@ require_cuda_satisfied:
   type: bool
   returned: always
 unsatisfied_condition:
-  description: nvidia-container-cli's message when it refuses the image.
+  description:
+    - nvidia-container-cli's message when it refuses the image (C(unsatisfied condition) and
+      the condition, or C(invalid expression) for a condition on a property it does not know).
   type: str
   returned: always
   sample: "unsatisfied condition: cuda>=12.8, please update your driver to a newer version, or use an earlier cuda container"

@@ -368,11 +368,66 @@ def _invalid_expression(whole, term, problem):
         "'cuda>=12.4 brand=tesla,driver>=535,driver<536'")
 
 
-def _split_term(term):
-    """dsl.c evaluate_rule()'s parse of one condition: (name, op, value, problem)."""
+# A condition on a property nvidia-container-cli does not know ("foo=bar") is not
+# malformed to NVIDIA's Go requirements parser: nvidia-container-toolkit
+# internal/requirements/constraints/factory.go parse() first needs one of "<>=!" (else
+# "invalid constraint"), then looks the property up and returns nil for an unknown one,
+# which newConstraintFromRequirement skips ("Skipping unsupported constraint";
+# factory_test.go TestParse 'invalid property is invalid' expects nil and no error,
+# TestNewConstraintFromRequirement 'unsupported property is ignored').  That parser runs
+# only in the runtime's CSV mode (internal/modifier/csv.go checkRequirements, Tegra).  On
+# docker --gpus the hook passes the value to nvidia-container-cli, whose dsl.c
+# evaluate_rule() finds no rule of that name and returns -1: "requirement error: invalid
+# expression", the container does not start, whenever dsl_evaluate reads the term.  So
+# check() answers with that verdict and the reason, not with an input error, and says so
+# where the term was not read.  A term with no property name is malformed here (the Go
+# parser would skip it too, as property "").
+class UnknownProperty(ValueError):
+    """An NVIDIA_REQUIRE_* condition on a property nvidia-container-cli does not know,
+    read by it: the container does not start ('invalid expression')."""
+
+    def __init__(self, whole, term, name):
+        self.whole, self.term, self.name = whole, term, name
+        super().__init__(
+            f"NVIDIA_REQUIRE_CUDA {whole!r}: term {term!r} is a condition on {name!r}, a "
+            f"property nvidia-container-cli does not know ({', '.join(_RULES)}). NVIDIA's Go "
+            "requirements parser (CSV mode) skips such a term, but on docker --gpus "
+            "nvidia-container-cli refuses the container with 'requirement error: invalid "
+            "expression' when it reads it")
+
+
+def _unknown_property(term):
+    """The property name of a condition on a property nvidia-container-cli does not know
+    ("foo=bar" -> "foo"), else None (a known property, or no name or operator at all)."""
+    i = _name_end(term)
+    name = term[:i]
+    return name if name and i < len(term) and name.lower() not in _RULES else None
+
+
+def _name_end(term):
+    """Where a condition's property name ends: at the first of "<>=!" (dsl.c strcspn)."""
     i = 0
     while i < len(term) and term[i] not in "<>=!":
         i += 1
+    return i
+
+
+def _term_error(whole, term, problem):
+    name = _unknown_property(term)
+    return UnknownProperty(whole, term, name) if name else _invalid_expression(whole, term, problem)
+
+
+def unknown_property_terms(requirements):
+    """[(term, property)] of every condition in ``requirements`` (one NVIDIA_REQUIRE_*
+    value or a list of them) on a property nvidia-container-cli does not know."""
+    values = [requirements] if isinstance(requirements, str) else list(requirements or [])
+    return [(t, _unknown_property(t)) for v in values for alt in str(v).split(" ")
+            for t in alt.split(",") if t and _unknown_property(t)]
+
+
+def _split_term(term):
+    """dsl.c evaluate_rule()'s parse of one condition: (name, op, value, problem)."""
+    i = _name_end(term)
     j = i
     while j < len(term) and term[j] in "<>=!":
         j += 1
@@ -383,13 +438,13 @@ def _split_term(term):
         problem = "it has no property name before the operator"
     elif not run:
         problem = "it has no comparison operator (one of = != < <= > >=)"
+    elif name not in _RULES:   # before the operator and value, as factory.go parse() reads it
+        problem = (f"{term[:i]!r} is not a property nvidia-container-cli knows "
+                   "(cuda, driver, arch, brand)")
     elif op is None:
         problem = f"{run!r} is not an operator (one of = != < <= > >=)"
     elif not val:
         problem = "it has no value after the operator"
-    elif name not in _RULES:
-        problem = (f"{term[:i]!r} is not a property nvidia-container-cli knows "
-                   "(cuda, driver, arch, brand)")
     return name, op, val, problem
 
 
@@ -410,7 +465,8 @@ def parse_require_cuda(value):
 
     '' -> [] (no requirement).  Every term is checked, as if a device were visible:
     ValueError names a bad term, one nvidia-container-cli fails on with "requirement
-    error: invalid expression" when it reads it.  (It reads lazily: see
+    error: invalid expression" when it reads it; UnknownProperty (a ValueError) where the
+    term is a condition on a property it does not know.  (It reads lazily: see
     evaluate_require_cuda, which is what decides whether a container starts.)
     """
     if value is None:
@@ -437,7 +493,7 @@ def _parse_condition(term, whole):
                             or name != "brand" and _dsl_compare_version(val, "=", val) < 0):
         problem = _value_problem(name, op, val)
     if problem:
-        raise _invalid_expression(whole, term, problem)
+        raise _term_error(whole, term, problem)
     return (name, op, val)
 
 
@@ -521,7 +577,7 @@ def _evaluate_term(term, whole, driver_version, driver_cuda, brand, arch):
             problem = (f"'{name} {op} {val}' is {_EXPR_MAX} bytes or longer, more than "
                        "nvidia-container-cli's buffer for an unsatisfied condition")
     if problem:
-        raise _invalid_expression(whole, term, problem)
+        raise _term_error(whole, term, problem)
     return ret
 
 
@@ -535,7 +591,8 @@ def evaluate_require_cuda(value, driver_version, brand=None, arch=None, driver_c
     device", where the toolkit lets brand and arch conditions pass.  ``driver_cuda``
     defaults to driver_cuda_version(driver_version).  Terms are read lazily, as the C
     code reads them; a term it reads and cannot evaluate is a ValueError ("invalid
-    expression"), one it never reads is not.
+    expression"; UnknownProperty for a property it does not know), one it never reads
+    is not.
     """
     parse_driver_version(driver_version)
     if value is None:
@@ -781,14 +838,20 @@ def _runtime_mode(driver_version, driver_cuda, required, min_driver, branch,
 
 def _toolkit_gate(requirements, ccs, driver_version, driver_cuda, toolkit_brand):
     """nvidia-container-cli's verdict: every requirement, once per visible GPU
-    (configure.c configure_command), or once with no device.  (ok, first failure text)."""
+    (configure.c configure_command), or once with no device, up to the first failure.
+    (ok, first failure text, UnknownProperty or None): a condition on a property it does
+    not know, once read, is its "invalid expression" and stops the container like an
+    unsatisfied one."""
     for value in requirements:
         for cc in (ccs or [None]):
-            ok, text = evaluate_require_cuda(value, driver_version, brand=toolkit_brand,
-                                             arch=cc, driver_cuda=driver_cuda)
+            try:
+                ok, text = evaluate_require_cuda(value, driver_version, brand=toolkit_brand,
+                                                 arch=cc, driver_cuda=driver_cuda)
+            except UnknownProperty as exc:
+                return False, "invalid expression", exc
             if not ok:
-                return False, text
-    return True, None
+                return False, text, None
+    return True, None, None
 
 
 def _architecture_problems(ccs, required, branch, arch_list, mode):
@@ -938,9 +1001,23 @@ def _check(driver_version, compute_capabilities=(), cuda_version=None, require_c
 
     # 2. The container toolkit's requirement check: it runs first and blocks the start,
     #    so when it refuses, no compatibility mode matters.
-    gate_ok, unsatisfied = _toolkit_gate(requirements, ccs, driver_version, driver_cuda,
-                                         toolkit_brand)
-    if not gate_ok:
+    gate_ok, unsatisfied, unknown = _toolkit_gate(requirements, ccs, driver_version,
+                                                  driver_cuda, toolkit_brand)
+    if unknown is not None:
+        reasons.append(
+            f"nvidia-container-cli refuses to start the container on driver {driver_version} "
+            f"with a {toolkit_brand} GPU: \"requirement error: invalid expression\". It reads "
+            f"the term {unknown.term!r} of NVIDIA_REQUIRE_* {unknown.whole!r}, a condition on "
+            f"{unknown.name!r}, and knows only the properties {', '.join(_RULES)} "
+            "(libnvidia-container src/cli/dsl.c evaluate_rule). NVIDIA's Go requirements "
+            "parser would skip the term (nvidia-container-toolkit factory_test.go 'unsupported "
+            "property is ignored'), but docker --gpus does not use it (only the runtime's "
+            "CSV mode on Tegra does).")
+        if mode in ("minor_version", "forward_compat"):
+            runtime_reason = "Were the container started, this would apply: " + runtime_reason
+        reasons.append(runtime_reason)
+        mode = "incompatible"
+    elif not gate_ok:
         reasons.append(
             f"nvidia-container-cli refuses to start the container on driver {driver_version} "
             f"with a {toolkit_brand} GPU: \"requirement error: {unsatisfied}\". This check runs "
@@ -956,6 +1033,16 @@ def _check(driver_version, compute_capabilities=(), cuda_version=None, require_c
             reasons.append(f"NVIDIA_REQUIRE_CUDA is satisfied for a {toolkit_brand} GPU on "
                            f"driver {driver_version}: nvidia-container-cli will start the "
                            "container.")
+        skipped = unknown_property_terms(requirements)
+        if skipped:
+            terms = ", ".join(repr(t) for t, _ in skipped)
+            reasons.append(
+                f"Ignored on this host: {terms}, a condition on a property nvidia-container-cli "
+                f"does not know ({', '.join(_RULES)}). It was not read: dsl_evaluate stops at "
+                "the first alternative that holds and at the first false condition of an "
+                "alternative. Where it is read (another driver or GPU), nvidia-container-cli "
+                "refuses the container with 'requirement error: invalid expression'; NVIDIA's "
+                "Go requirements parser (CSV mode only) would skip it.")
         elif mode != "native":
             reasons.append("No NVIDIA_REQUIRE_CUDA was given, so the container toolkit's own "
                            "check was not evaluated.")
@@ -973,7 +1060,14 @@ def _check(driver_version, compute_capabilities=(), cuda_version=None, require_c
     suggestions = []
     if not compatible:
         suggestions = _suggestions(driver_version, driver_cuda, required, ccs, datacenter_gpu,
-                                   fc_possible, gate_ok, arch_list, min_driver)
+                                   fc_possible, gate_ok or unknown is not None, arch_list,
+                                   min_driver)
+        if unknown is not None:
+            suggestions[:0] = [
+                f"Use an image whose NVIDIA_REQUIRE_* has no {unknown.term!r} (a derived image "
+                "can set the variable again with ENV), or give the container "
+                "NVIDIA_DISABLE_REQUIRE=true, which skips nvidia-container-cli's whole "
+                "requirement check (the CUDA driver then decides at run time)."]
     elif mode == "forward_compat":
         suggestions.append("Start vLLM images with VLLM_ENABLE_CUDA_COMPATIBILITY=1 so they load "
                            "the bundled cuda-compat libraries.")

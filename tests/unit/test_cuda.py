@@ -120,6 +120,25 @@ def test_pre_cuda_11_drivers_have_no_minor_version_compatibility():
     assert cuda.check("535.54.03", cuda_version="12.8")["mode"] == "minor_version"
 
 
+def test_an_unknown_requirement_property_is_a_verdict_through_the_module(monkeypatch):
+    """#34 item 6: NVIDIA_REQUIRE_REQ0=req0=true (nvidia-container-toolkit
+    cmd/nvidia-container-runtime-hook/container_config_test.go TestGetNvidiaConfig 'Modern
+    image, devices set, capabilities set, requirements set') is a condition on a property
+    nvidia-container-cli does not know (libnvidia-container src/cli/dsl.c evaluate_rule):
+    the module returns its refusal as a verdict with the reason, and honours
+    fail_on_incompatible, instead of failing on the input as malformed (main did)."""
+    params = {"driver_version": "535.129.03", "compute_capabilities": ["9.0"],
+              "require_cuda": "req0=true"}
+    result, failed = run_module(cuda_compat.main, dict(params, fail_on_incompatible=False),
+                                monkeypatch)
+    assert not failed and result["compatible"] is False, result
+    assert result["unsatisfied_condition"] == "invalid expression"
+    assert "'req0=true'" in result["reasons"][0]
+    result, failed = run_module(cuda_compat.main, params, monkeypatch)
+    assert failed and "requirement error: invalid expression" in result["msg"]
+    assert "malformed" not in result["msg"]
+
+
 def test_old_driver_verdicts_through_the_module_do_not_fail(monkeypatch):
     for driver in ("304.137", "418.43"):
         result, failed = run_module(cuda_compat.main, {
@@ -310,7 +329,6 @@ def test_empty_requirement_always_holds():
     ("cuda>=", "no value after the operator"),
     ("cuda12.4", "no comparison operator"),
     (">=12.4", "no property name"),
-    ("foo>=1", "'foo' is not a property"),
     ("cuda>=12.x", "'12.x' is not a version"),
     ("cuda>=12.4 brand=tesla,driver>=5a5", "'5a5' is not a version"),
 ])
@@ -319,6 +337,22 @@ def test_malformed_require_cuda_is_rejected_clearly(value, fragment):
         cuda.parse_require_cuda(value)
     assert fragment in str(exc.value)
     assert "invalid expression" in str(exc.value)
+    assert type(exc.value).__name__ != "UnknownProperty" and "malformed" in str(exc.value)
+
+
+def test_a_condition_on_an_unknown_property_is_not_called_malformed():
+    # nvidia-container-toolkit internal/requirements/constraints/factory.go parse(): an
+    # unknown property gives no error (factory_test.go TestParse 'invalid property is
+    # invalid' expects nil); libnvidia-container src/cli/dsl.c evaluate_rule() fails on it
+    # when it reads it.  parse_require_cuda says both, and not "malformed".
+    with pytest.raises(cuda.UnknownProperty) as exc:
+        cuda.parse_require_cuda("foo>=1")
+    assert exc.value.name == "foo" and exc.value.term == "foo>=1"
+    assert "malformed" not in str(exc.value) and "invalid expression" in str(exc.value)
+    assert cuda.unknown_property_terms(["cuda>=12.4 foo=bar,arch>=8.0", "Req0=true"]) == \
+        [("foo=bar", "foo"), ("Req0=true", "Req0")]
+    # Names compare case-insensitively in dsl.c (str_case_equal): CUDA is known.
+    assert cuda.unknown_property_terms("CUDA>=12.4 >=1 cuda12") == []
 
 
 # nvidia-container-toolkit internal/config/image/cuda_image_test.go TestGetRequirements

@@ -95,7 +95,7 @@ PARSE_CASES = [
          c_differs="The Go factory returns nil (an unknown property is skipped), but "
                    "dsl.c evaluate_rule finds no rule named 'foo' and returns -1, so "
                    "nvidia-container-cli fails with 'invalid expression' whenever it "
-                   "reaches the term."),
+                   "reaches the term (cuda.UnknownProperty; check() makes it a verdict)."),
     dict(src=f"{FACTORY_TEST} TestParse 'cuda must be semver'", condition="cuda=foo",
          parsed=ERROR, on={D535: ERROR}),
     dict(src=f"{FACTORY_TEST} TestParse 'cuda greater than equal'", condition="cuda>=11.6",
@@ -362,8 +362,11 @@ def test_get_nvidia_config_requirements(description, env, expected):
         # The Go test only checks what the hook passes on.  nvidia-container-cli then
         # evaluates "req0=true": dsl.c has no rule named req0, so it fails with
         # "requirement error: invalid expression" and the container does not start.
-        with pytest.raises(ValueError, match=ERROR):
-            cuda.check(D535, compute_capabilities=["8.0"], require_cuda=info["requirements"])
+        # check() gives that verdict, with the term, not an input error.
+        result = cuda.check(D535, compute_capabilities=["8.0"], require_cuda=info["requirements"])
+        assert result["compatible"] is False and result["require_cuda_satisfied"] is False
+        assert result["unsatisfied_condition"] == ERROR
+        assert "'req0=true'" in result["reasons"][0]
     elif expected:
         # "devices 'none'": the requirements are still passed; with no visible GPU
         # configure.c evaluates them once with no device.
@@ -418,13 +421,72 @@ def test_dsl_c_details(value, gpu, verdict):
 def test_check_follows_the_lazy_evaluation():
     # An unknown property in a later alternative is no error when an earlier one holds:
     # check() gives the verdict nvidia-container-cli gives, and reads the CUDA floor from
-    # the first alternative.
+    # the first alternative.  Where it is read, the verdict is nvidia-container-cli's
+    # "invalid expression" (see the unknown-property tests below).
     result = cuda.check(D535, compute_capabilities=["8.0"], require_cuda="cuda>=12.2 foo=bar")
     assert result["require_cuda_satisfied"] and result["required_cuda"] == "12.2"
-    with pytest.raises(ValueError, match="'foo' is not a property"):
-        cuda.check(D535, compute_capabilities=["8.0"], require_cuda="cuda>=12.4 foo=bar")
+    result = cuda.check(D535, compute_capabilities=["8.0"], require_cuda="cuda>=12.4 foo=bar")
+    assert result["require_cuda_satisfied"] is False and result["unsatisfied_condition"] == ERROR
     # "cuda>=12" is "cuda>=12.0" to dsl_compare_version.
     assert cuda.check(D535, require_cuda="cuda>=12")["required_cuda"] == "12.0"
+
+
+# --------------------------------------------------------------------------------------
+# A condition on a property nvidia-container-cli does not know (#34 item 6).
+#   TK internal/requirements/constraints/factory.go parse(): no "<>=!" -> error "invalid
+#     constraint"; an unknown property -> nil, skipped ("Skipping unsupported
+#     constraint"); used only by internal/modifier/csv.go (CSV mode, Tegra).
+#   TK factory_test.go TestParse 'invalid property is invalid' (foo=45 -> nil, no error),
+#     TestNewConstraintFromRequirement 'unsupported property is ignored'
+#     (cuda>=11.6 foo=bar -> cuda>=11.6).
+#   LNC src/cli/dsl.c evaluate_rule(): the rules are cuda, driver, arch and brand
+#     (configure.c rules[]); no rule of that name returns -1 and dsl_evaluate() sets
+#     "invalid expression"; configure.c prints "requirement error: invalid expression" and
+#     the container does not start (docker --gpus, the toolkit's legacy mode:
+#     cmd/nvidia-container-runtime-hook/main.go passes every requirement as --require=).
+#   A real report of that message on docker --gpus: mudler/LocalAI issue #4789.
+# --------------------------------------------------------------------------------------
+
+def test_an_unknown_property_that_is_read_is_the_toolkits_refusal_not_an_input_error():
+    # TK factory_test.go TestNewConstraintFromRequirement 'unsupported property is ignored'
+    # on a CUDA 11.0 host: the Go parser keeps cuda>=11.6 (false there); dsl.c reads
+    # foo=bar after it and fails.  Control: main's check() raised ValueError ("malformed").
+    result = cuda.check(D450, compute_capabilities=["8.0"], require_cuda="cuda>=11.6 foo=bar",
+                        datacenter_gpu=True)
+    assert result["compatible"] is False and result["mode"] == "incompatible"
+    assert result["require_cuda_satisfied"] is False
+    assert result["unsatisfied_condition"] == ERROR
+    first = result["reasons"][0]
+    assert '"requirement error: invalid expression"' in first and "'foo=bar'" in first
+    assert "'foo'" in first and "cuda, driver, arch, brand" in first
+    assert "unsupported property is ignored" in first
+    assert result["suggestions"][0].startswith("Use an image whose NVIDIA_REQUIRE_* has no 'foo=bar'")
+    assert "NVIDIA_DISABLE_REQUIRE=true" in result["suggestions"][0]
+
+
+def test_an_unknown_property_that_is_not_read_is_ignored_with_a_reason():
+    # LNC dsl.c dsl_evaluate(): the alternatives are read in order up to the first that
+    # holds, so on CUDA 12.2 foo=bar is never read and the container starts, as the Go
+    # test's 'unsupported property is ignored' expects.  The verdict says it was ignored,
+    # and what happens where it is read.  Control: main returned no such reason.
+    result = cuda.check(D535, compute_capabilities=["8.0"], require_cuda="cuda>=11.6 foo=bar",
+                        datacenter_gpu=True)
+    assert result["compatible"] and result["require_cuda_satisfied"] is True
+    said = [r for r in result["reasons"] if r.startswith("Ignored on this host: 'foo=bar'")]
+    assert len(said) == 1 and ERROR in said[0] and "CSV mode" in said[0]
+
+
+@pytest.mark.parametrize("value,fragment", [
+    # TK factory.go parse(): no operator character is "invalid constraint" there too.
+    ("notvalid", "no comparison operator"),
+    # A known property with a bad value: factory.go p.Validate(value) fails (TestParse
+    # 'cuda must be semver'); dsl.c dsl_compare_version returns -1.
+    ("cuda=foo", "'foo' is not a version"),
+])
+def test_a_truly_malformed_term_is_still_an_input_error(value, fragment):
+    with pytest.raises(ValueError, match=fragment) as exc:
+        cuda.check(D535, compute_capabilities=["8.0"], require_cuda=value)
+    assert type(exc.value).__name__ != "UnknownProperty" and "malformed" in str(exc.value)
 
 
 def test_legacy_image_version_feeds_the_runtime_check():
