@@ -105,7 +105,7 @@ EXAMPLES = r"""
 - name: Wait until the drained instance is idle, then probe it
   vllm_probe:
     url: http://127.0.0.1:8000
-    api_key: "{{ vllm_server_api_key }}"
+    api_key: "{{ vllm_server_api_key | gpufleet_probe_key(vllm_server_api_keys_retiring | default([])) }}"
     served_model_name: HuggingFaceTB/SmolLM2-135M-Instruct
     wait_idle: true
     requests: 5
@@ -114,7 +114,7 @@ EXAMPLES = r"""
 - name: Probe again after the change and compare
   vllm_probe:
     url: http://127.0.0.1:8000
-    api_key: "{{ vllm_server_api_key }}"
+    api_key: "{{ vllm_server_api_key | gpufleet_probe_key(vllm_server_api_keys_retiring | default([])) }}"
     served_model_name: HuggingFaceTB/SmolLM2-135M-Instruct
     requests: 5
     baseline: "{{ before.probe }}"

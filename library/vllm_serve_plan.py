@@ -127,6 +127,28 @@ options:
     description: Refuse host ports in use by anything but the container being replaced.
     type: bool
     default: true
+  key_digests:
+    description:
+      - The digests (C(key_digest) in module_utils/gpufleet/serve.py, filter
+        C(gpufleet_key_digests)) of every API key the instances accept. Never the keys.
+      - With O(auth_dir), each instance mounts the keys file named in its C(auth_file)
+        read-only and reads it with C(--config); the digests are in the settings hash (a
+        new key replaces the containers) and in the label C(org.gpufleet.api-keys).
+      - Empty leaves the key to the caller (the container's environment), as before.
+    type: list
+    elements: str
+    default: []
+  auth_dir:
+    description: Host folder of the keys files (one per set of keys, root only), needed with O(key_digests).
+    type: str
+    default: ""
+  allow_key_cutover:
+    description:
+      - Plan the replacement of a running container that accepts none of the keys in
+        O(key_digests) (its label says which it accepts). Without it such a plan is
+        refused, as every client and the run's own requests would get 401 at once.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - gpufleet.read_only
 requirements:
@@ -152,7 +174,8 @@ instances:
       the host itself), C(stop_timeout), C(device_ids),
       C(network_mode), C(published_ports), C(command), C(env), C(mounts), C(ipc_mode), C(shm_size), C(device_requests),
       C(labels), C(settings_hash), C(args_hash), C(revision), C(served_model_name), C(runner),
-      C(cache_dir) (the host folder of its kept vLLM cache, empty without O(cache_root)), and
+      C(cache_dir) (the host folder of its kept vLLM cache, empty without O(cache_root)),
+      C(auth_file) (the host file of its API keys, empty without O(key_digests)), and
       C(action) (C(keep), C(create) or C(replace)), and C(file_sd) (its entry in the
       fleet's list of serving instances, a Prometheus file_sd entry with C(targets) and
       C(labels) C(host), C(container), C(model), C(served_model_name), C(runner), C(port)).
@@ -173,7 +196,7 @@ remove:
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.serve import (
-    LABEL_PREFIX, PlanError, check_unique_ports, decide_action, local_url,
+    LABEL_PREFIX, PlanError, check_unique_ports, decide_action, key_cut, local_url,
     model_revision, plan_instances, port_is_free, reachable_address, registry_entry)
 
 try:
@@ -232,7 +255,8 @@ def run(params, client):
             shm_size=params["shm_size"], revision=model_revision(model["path"]),
             model_mount_root=params["model_mount_root"],
             network_mode=params["network_mode"], bind_address=params["bind_address"],
-            shutdown_timeout=params["shutdown_timeout"], cache_root=params["cache_root"])
+            shutdown_timeout=params["shutdown_timeout"], cache_root=params["cache_root"],
+            key_digests=params["key_digests"], auth_dir=params["auth_dir"])
     check_unique_ports(instances)
     existing = _managed(client)
     address = reachable_address(params["bind_address"], params["metrics_address"],
@@ -240,6 +264,11 @@ def run(params, client):
     for inst in instances:
         current = existing.get(inst["name"])
         inst["action"] = decide_action(inst, current)
+        if (inst["action"] == "replace" and current["running"] and params["key_digests"]
+                and not params["allow_key_cutover"]):
+            cut = key_cut(inst["name"], current["labels"], params["key_digests"])
+            if cut:
+                raise PlanError(cut)
         inst["url"] = local_url(params["bind_address"], inst["port"])
         inst["file_sd"] = registry_entry(inst, params["host_name"], address)
         ours = bool(current and current["running"] and current["port"] == inst["port"])
@@ -281,6 +310,9 @@ def main():
             "shutdown_timeout": {"type": "int", "default": 0},
             "cache_root": {"type": "str", "default": ""},
             "check_ports": {"type": "bool", "default": True},
+            "key_digests": {"type": "list", "elements": "str", "default": []},
+            "auth_dir": {"type": "str", "default": ""},
+            "allow_key_cutover": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )

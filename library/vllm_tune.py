@@ -149,8 +149,8 @@ options:
     description:
       - More C(vllm serve) arguments, appended; flags renamed between vLLM versions are
         rewritten for O(vllm_version). C(--api-key) is refused (the key would be on the
-        command line and in this module's output); vllm_server passes its
-        C(vllm_server_api_key) as C(VLLM_API_KEY).
+        command line and in this module's output); vllm_server gives its
+        C(vllm_server_api_key) to vLLM in a root-only file named by C(--config).
       - Every C(vllm serve) argument is classified (module_utils/gpufleet/engine_args.py,
         docs/tuning.md). Refused, with what sets it instead, is one this module sets
         (C(--max-model-len), C(--max-num-batched-tokens), C(--block-size), ...), one

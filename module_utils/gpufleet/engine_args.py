@@ -53,11 +53,12 @@ SERVER = {
     "--served-model-name": "the model entry's served_model_name",
     "--host": "vllm_server_bind_address",
     "--port": "the model entry's port (vllm_server_port for the first)",
-    "--api-key": "vllm_server_api_key (from a vault; given to vLLM as VLLM_API_KEY)",
+    "--api-key": "vllm_server_api_key and vllm_server_api_keys_retiring (from a vault; given to vLLM in a root-only --config file)",
     "--shutdown-timeout": "vllm_server_shutdown_timeout",
     "--hf-token": ("nothing: vllm_server serves the folder model_fetch wrote, and a token on "
                    "the command line is in `docker inspect` and every process list"),
-    "--config": "the model entry's options: a config file would set arguments the plan cannot see",
+    "--config": ("the model entry's options: a config file would set arguments the plan cannot "
+                 "see (vllm_server names its own, holding the API keys; vLLM takes one)"),
     "--uds": "vllm_server_bind_address and the port (the gateway and Prometheus reach TCP)",
     "--headless": "nothing: gpufleet runs one API server per instance",
     "--api-server-count": "nothing: gpufleet runs one API server per instance",

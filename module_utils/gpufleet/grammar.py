@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-__all__ = ["GrammarError", "address", "check_inputs", "config_path", "count", "duration",
+__all__ = ["GrammarError", "address", "api_key", "bad_api_keys", "check_inputs", "config_path", "count", "duration",
            "fraction", "haproxy_time", "host_name", "integer", "keywords", "port",
            "served_model_name", "url_path", "url_paths"]
 
@@ -38,6 +38,11 @@ _KEYWORDS = re.compile(r"[A-Za-z0-9_().,-]+(?: [A-Za-z0-9_().,-]+)*")
 # A URL path as HAProxy matches it and a health check asks for it: '/' then unreserved
 # characters and '/' (no space, query, '#' or percent-escape).
 _URL_PATH = re.compile(r"/[A-Za-z0-9._~/-]{0,255}")
+# An API key as a bearer token (RFC 6750 section 2.1, b64token: A-Z a-z 0-9 - . _ ~ + /,
+# then any '='), 8 to 512 characters. It is written one per line into the gateway's keys
+# file and as a YAML string into vLLM's --config file, and compared with the second word
+# of the Authorization header.
+_API_KEY = re.compile(r"[A-Za-z0-9._~+/-]{8,512}=*")
 
 
 class GrammarError(ValueError):
@@ -188,6 +193,30 @@ def url_paths(value, what="URL paths"):
                            "'/' then up to 255 of A-Z a-z 0-9 - . _ ~ / (no space, query or "
                            "percent-escape)")
     return list(value)
+
+
+def api_key(value, what="API key"):
+    """A bearer token of 8-512 characters (RFC 6750's b64token). The message never shows
+    the value: it is a secret even when it is wrong."""
+    if isinstance(value, bool) or not isinstance(value, str) or not _API_KEY.fullmatch(value):
+        raise GrammarError(f"{what} is not 8 to 512 characters of A-Z a-z 0-9 - . _ ~ + / "
+                           "(then any '='), the form RFC 6750 gives a bearer token; make a new "
+                           "key of that form (the value is not shown)")
+    return value
+
+
+def bad_api_keys(keys):
+    """The positions (0-based) of the entries of `keys` that break api_key; [] when all
+    hold. A role's preflight names the positions, never a key."""
+    if not isinstance(keys, (list, tuple)):
+        raise GrammarError(f"API keys must be a list, got {type(keys).__name__}")
+    bad = []
+    for index, key in enumerate(keys):
+        try:
+            api_key(key)
+        except GrammarError:
+            bad.append(index)
+    return bad
 
 
 def integer(value, what="number"):

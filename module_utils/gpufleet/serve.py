@@ -21,7 +21,7 @@ import time
 from . import bounded, grammar
 
 __all__ = [
-    "ARGS_CHECK_MODEL", "CACHE_ENV", "CACHE_MOUNT", "CONTAINER_PORT", "DIAGNOSES",
+    "ARGS_CHECK_MODEL", "AUTH_MOUNT", "CACHE_ENV", "CACHE_MOUNT", "CONTAINER_PORT", "DIAGNOSES",
     "LABEL_PREFIX", "NotReady", "PlanError", "READY_MAX_BYTES", "READY_POLL_TIMEOUT",
     "REQUEST_MAX_BYTES", "args_check_command", "args_check_hash", "args_check_verdict",
     "cache_dir", "check_unique_ports", "decide_action",
@@ -29,7 +29,8 @@ __all__ = [
     "merge_registry", "model_revision", "plan_instances", "port_is_free", "previous_name",
     "reachable_address", "readiness_request", "registry_entry", "remove_container",
     "remove_leftover",
-    "VERSION_PROBE", "image_vllm_version", "settings_hash", "slug", "stop_timeout", "target",
+    "VERSION_PROBE", "accepted_keys", "auth_config", "image_vllm_version", "key_cut",
+    "key_digest", "probe_key", "settings_hash", "slug", "stop_timeout", "target",
     "wait_ready"
 ]
 
@@ -48,6 +49,15 @@ ARGS_CHECK_MODEL = "/gpufleet-args-check/no-model"
 # torch.compile cache (torch_compile_cache/).
 CACHE_MOUNT = "/gpufleet/vllm-cache"
 CACHE_ENV = "VLLM_CACHE_ROOT"
+# Where an instance's API keys are mounted (read-only): a YAML file vLLM reads with
+# `--config` (vllm/utils/argparse_utils.py FlexibleArgumentParser.load_config_file: a list
+# becomes `--api-key k1 k2`; `api_key: list[str]`, vllm/entrypoints/launchers/cli_args.py;
+# the middleware accepts any of them, vllm/entrypoints/serve/middleware/register.py). So
+# several keys are accepted at once (a rotation) and none is in the container's
+# environment, its command line or a process list.
+AUTH_MOUNT = "/run/gpufleet/vllm-auth.yaml"
+# The label that holds the digests of the keys a container accepts (key_digest).
+KEYS_LABEL = "api-keys"
 # argparse exits with status 2 on a usage error (argparse.ArgumentParser.error).
 _ARGPARSE_EXIT = 2
 
@@ -314,6 +324,66 @@ def settings_hash(spec):
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+# -------------------------------------------------------- API keys (a rotation)
+def accepted_keys(current, retiring=()):
+    """The keys an instance accepts: vllm_server_api_key, then the retiring keys still
+    accepted while clients move to it (vllm_server_api_keys_retiring), each once."""
+    keys = []
+    for index, key in enumerate([current] + list(retiring or [])):
+        what = ("vllm_server_api_key" if index == 0
+                else f"vllm_server_api_keys_retiring[{index - 1}]")
+        try:
+            grammar.api_key(key, what)
+        except grammar.GrammarError as exc:
+            raise PlanError(f"{exc}. Nothing was changed.") from None
+        if key not in keys:
+            keys.append(key)
+    return keys
+
+
+def probe_key(current, retiring=()):
+    """The key gpufleet's own requests carry (readiness, probes, the drain's idle wait,
+    the summary): the first retiring key while there is one, else the current key. Both
+    phases of a rotation keep it accepted by every instance: in the first (new key
+    current, old key retiring) the instances not yet replaced accept only the old key; in
+    the second (no retiring key) every instance the first phase replaced accepts the new."""
+    keys = accepted_keys(current, retiring)
+    return keys[1] if len(keys) > 1 else keys[0]
+
+
+def key_digest(key):
+    """A digest of one API key for a container's label and the settings hash: PBKDF2-
+    SHA256 (100,000 rounds, a fixed salt), 16 hex. A label is readable by whoever can
+    inspect the container; the rounds make guessing a short key from it slow."""
+    grammar.api_key(key)
+    return hashlib.pbkdf2_hmac("sha256", key.encode(), b"gpufleet api-key v1",
+                               100_000).hex()[:16]
+
+
+def auth_config(keys):
+    """The text of the --config file mounted at AUTH_MOUNT: vLLM's `api-key` list. Each
+    key is a JSON string (JSON is YAML); grammar.api_key leaves no character to escape."""
+    return "api-key:\n" + "".join(f"  - {json.dumps(grammar.api_key(k))}\n" for k in keys)
+
+
+def key_cut(name, running_labels, digests):
+    """'' when replacing container `name` keeps at least one key it accepts now, or when
+    its labels do not say (a container made before this label); else why not, and what
+    to do. Replacing it with none of its keys cuts off every client, and this run's own
+    requests (they carry probe_key), at once."""
+    label = (running_labels or {}).get(LABEL_PREFIX + KEYS_LABEL)
+    if not label or set(label.split(",")) & set(digests):
+        return ""
+    return (f"{name} accepts none of the keys vllm_server_api_key and "
+            "vllm_server_api_keys_retiring now name: replacing it would refuse every client "
+            "at once, and this run's own requests. Nothing was changed. Rotate the key in two "
+            "runs of playbooks/upgrade.yml: 1. the new key as vllm_server_api_key and the old "
+            "one in vllm_server_api_keys_retiring (every instance then accepts both; move the "
+            "clients to the new key); 2. vllm_server_api_keys_retiring: [] (the old key is "
+            "refused). Or set vllm_server_api_key_cutover: true to replace it anyway "
+            "(docs/security.md).")
+
+
 def model_revision(path):
     """The model folder's revision: the commit model_fetch recorded, else a fingerprint.
 
@@ -445,7 +515,7 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
                    gpu_indexes, gpu_runtime, allow_replicas, base_env=None,
                    shm_size="8g", revision="unknown", model_mount_root="/models",
                    network_mode="host", bind_address="127.0.0.1", shutdown_timeout=0,
-                   cache_root=""):
+                   cache_root="", key_digests=(), auth_dir=""):
     """The containers that serve one model on this host.
 
     model: the inventory entry (`name`, `path`, optional `port`, `served_model_name`,
@@ -459,9 +529,15 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
     cache_root: a host folder for vLLM's cache, kept across restarts (cache_dir: one
       subfolder per image, mounted read-write at CACHE_MOUNT, VLLM_CACHE_ROOT set); ''
       leaves vLLM's cache in the container, and the settings hash as it was.
+    key_digests: key_digest of every key the instance accepts (accepted_keys); with
+      auth_dir, the keys file auth_dir/<digest of the set>.yaml (written by the role:
+      auth_config) is mounted read-only at AUTH_MOUNT and named by `--config`, the set's
+      digests are in the settings hash (a new key replaces the container) and in the
+      label org.gpufleet.api-keys (key_cut). One file per set: a parked container that
+      comes back still reads the keys it was started with.
     Returns a list of instance dicts: name, port, device_ids, command, env (without the
     API key), mounts, ipc_mode, shm_size, device_requests, labels, settings_hash,
-    served_model_name, runner, cache_dir.
+    served_model_name, runner, cache_dir, auth_file ('' without key_digests).
     """
     for key in ("name", "path"):
         if not model.get(key):
@@ -500,6 +576,18 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
         env[CACHE_ENV] = CACHE_MOUNT
         mounts.append({"source": cache, "target": CACHE_MOUNT, "type": "bind",
                        "read_only": False})
+    digests = sorted(set(key_digests or ()))
+    auth_file = ""
+    if digests:
+        if not auth_dir:
+            raise PlanError("key_digests need auth_dir, the host folder of the keys files")
+        try:  # written into the container's mounts and a task's path
+            root = grammar.config_path(auth_dir, "auth_dir (vllm_server_auth_dir)")
+        except grammar.GrammarError as exc:
+            raise PlanError(f"{exc}. Nothing was changed.") from None
+        auth_file = f"{root.rstrip('/')}/{settings_hash(digests)}.yaml"
+        mounts.append({"source": auth_file, "target": AUTH_MOUNT, "type": "bind",
+                       "read_only": True})
     ipc_mode = (settings.get("docker") or {}).get("ipc_mode")
     base_name = container_prefix + slug(model["name"])
     instances = []
@@ -513,6 +601,8 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
                                     "--host", listen[0], "--port", listen[1]]
         if shutdown_timeout:
             command += ["--shutdown-timeout", str(int(shutdown_timeout))]
+        if auth_file:
+            command += ["--config", AUTH_MOUNT]
         published = ([] if network_mode == "host"
                      else [f"{bind_address}:{port + number}:{CONTAINER_PORT}"])
         spec = {
@@ -524,12 +614,14 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
         }
         if cache:  # only then: a fleet without the cache keeps its containers' hashes
             spec["cache"] = [cache, CACHE_MOUNT]
+        if digests:
+            spec["api_keys"] = digests
         spec_hash = settings_hash(spec)
         instances.append({
             "name": name, "model": model["name"], "port": port + number,
             "network_mode": network_mode, "published_ports": published,
             "device_ids": devices, "command": command, "env": env,
-            "mounts": mounts, "cache_dir": cache,
+            "mounts": mounts, "cache_dir": cache, "auth_file": auth_file,
             "ipc_mode": ipc_mode, "shm_size": spec["shm_size"],
             "stop_timeout": stop_timeout(shutdown_timeout),
             "device_requests": device_request(gpu_runtime, devices),
@@ -538,7 +630,9 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             "settings_hash": spec_hash, "revision": revision, "image": image,
             "args_hash": args_check_hash(image_id, command, env),
             "labels": instance_labels(model["name"], revision, image_id, spec_hash, served,
-                                      {LABEL_PREFIX + "port": port + number}),
+                                      {LABEL_PREFIX + "port": port + number,
+                                       **({LABEL_PREFIX + KEYS_LABEL: ",".join(digests)}
+                                          if digests else {})}),
         })
     return instances
 
@@ -595,8 +689,15 @@ def decide_action(instance, existing):
 
 # ----------------------------------------------------------------- argument check
 def args_check_command(command):
-    """The instance's command with the model replaced by a path that cannot exist."""
-    return [ARGS_CHECK_MODEL] + list(command[1:])
+    """The instance's command with the model replaced by a path that cannot exist, and
+    without `--config AUTH_MOUNT` (the keys file is not mounted in the check's container;
+    the keys' form is checked by the plan)."""
+    args = list(command[1:])
+    for i in range(len(args) - 1):
+        if args[i] == "--config" and args[i + 1] == AUTH_MOUNT:
+            del args[i:i + 2]
+            break
+    return [ARGS_CHECK_MODEL] + args
 
 
 def args_check_hash(image_id, command, env):

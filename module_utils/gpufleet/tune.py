@@ -792,8 +792,8 @@ def _check_quantization(model, cc, reasons):
 
 
 # Flags whose value is a secret: on a command line it shows in `ps`, `docker inspect`, the
-# module's output and logs. vLLM reads the key from VLLM_API_KEY as well
-# (vllm/entrypoints/serve/middleware/register.py), which vllm_server sets.
+# module's output and logs. vllm_server gives vLLM its keys in a root-only file named by
+# --config (serve.AUTH_MOUNT, docs/security.md).
 SECRET_FLAGS = ("--api-key",)
 
 
@@ -812,7 +812,7 @@ def check_extra_args(extra_args):
             raise TuneError(f"extra_args holds {flag}: an API key there would be on the "
                             "container's command line and in the module's output. Remove "
                             "it and set vllm_server_api_key (from a vault) instead: "
-                            "vllm_server gives it to vLLM as VLLM_API_KEY.")
+                            "vllm_server gives it to vLLM in a root-only file.")
     # every `vllm serve` argument is classified (engine_args.py, issue #34 item 1): one the
     # tuner or vllm_server sets, or whose memory the tuner does not model, is refused
     why = engine_args.first_refusal(out)

@@ -61,6 +61,39 @@ def bad_inputs(inputs):
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def _keys(func):
+    """serve's API-key helpers as filters: a bad key is an AnsibleFilterError whose message
+    names the variable, never the value."""
+    def call(*args, **kwargs):
+        from gpufleet import grammar
+
+        try:
+            return func(*args, **kwargs)
+        except (serve.PlanError, grammar.GrammarError) as exc:
+            raise AnsibleFilterError(str(exc)) from None
+    call.__name__ = func.__name__
+    call.__doc__ = func.__doc__
+    return call
+
+
+def bad_api_keys(keys):
+    """gpufleet.grammar.bad_api_keys: the positions of the entries of `keys` that are not
+    a bearer token of 8-512 characters ([] when all are), never a key."""
+    from gpufleet import grammar
+
+    return grammar.bad_api_keys(keys)
+
+
+def key_digests(current, retiring=()):
+    """serve.key_digest of every key serve.accepted_keys(current, retiring) names."""
+    return [serve.key_digest(k) for k in serve.accepted_keys(current, retiring)]
+
+
+def auth_config(current, retiring=()):
+    """serve.auth_config of serve.accepted_keys(current, retiring): the keys file's text."""
+    return serve.auth_config(serve.accepted_keys(current, retiring))
+
+
 def goodput_problem(goodput):
     """gpufleet.bench.goodput_flags' refusal of latency objectives ('' when they hold), so
     the benchmark's preflight says it before any point runs."""
@@ -144,6 +177,10 @@ class FilterModule:
         return {
             "gpufleet_bad_addresses": bad_addresses,
             "gpufleet_bad_inputs": bad_inputs,
+            "gpufleet_bad_api_keys": bad_api_keys,
+            "gpufleet_key_digests": _keys(key_digests),
+            "gpufleet_auth_config": _keys(auth_config),
+            "gpufleet_probe_key": _keys(serve.probe_key),
             "gpufleet_goodput_problem": goodput_problem,
             "gpufleet_bad_repo_ids": bad_repo_ids,
             "gpufleet_host_models": host_models,

@@ -72,15 +72,17 @@ OVERLAY = ROOT / "inventories/lab/.test-overlay.yml"  # gitignored; removed afte
 CHAT_HOSTS = tuple(CHAT_CONTAINERS)
 
 
-def playbook(name, change=None, limit="chat_hosts", check=False, extra=None):
+def playbook(name, change=None, limit="chat_hosts", check=False, extra=None, hosts=None):
     """ansible-playbook on the lab. `change` is put in the inventory, as a user changes it
     (host variables of the hosts in `limit`, from a second inventory file next to the
     lab's): not as extra vars, which would outrank the rollback's recorded values.
-    `extra`: extra vars (the test's quick gate settings)."""
+    `hosts`: {host: its variables} instead, for any hosts. `extra`: extra vars (the
+    test's quick gate settings)."""
     args = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY), name]
     if change:
-        hosts = [h for h in CHAT_HOSTS if limit in ("chat_hosts", h)]
-        OVERLAY.write_text(json.dumps({"all": {"hosts": {h: change for h in hosts}}}))
+        hosts = {h: change for h in CHAT_HOSTS if limit in ("chat_hosts", h)}
+    if hosts:
+        OVERLAY.write_text(json.dumps({"all": {"hosts": hosts}}))
         args[3:3] = ["-i", str(OVERLAY)]
     if limit:
         args += ["--limit", limit]
@@ -317,6 +319,77 @@ def test_site_refuses_to_replace_a_serving_container_behind_the_gateway(lab):
     assert "which the gateway (gateways: lab-gw) still sends requests to. Nothing was changed." in out
     assert "playbooks/upgrade.yml" in out
     assert inspect(CHAT_CONTAINERS["lab-h200"]) == before
+
+
+def chat_status(base, api_key):
+    """The HTTP status of one short chat completion to `base` with `api_key`."""
+    req = urllib.request.Request(
+        base + "/v1/chat/completions", method="POST",
+        data=json.dumps({"model": CHAT, "max_tokens": 2,
+                         "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _keys_everywhere(old, new):
+    """{(key, where): status} for the old and the new key, through the gateway and
+    straight to lab-h200's and lab-a10g's instances."""
+    places = {"gateway": GATEWAY, "lab-h200": DIRECT, "lab-a10g": "http://127.0.0.1:18200"}
+    return {(name, where): chat_status(url, k) for name, k in (("old", old), ("new", new))
+            for where, url in places.items()}
+
+
+def test_f_a_key_rotation_in_two_runs_fails_no_request_with_a_valid_key(lab):
+    """#31 item 5 (docs/security.md): run 1 puts the new key beside the old one on every
+    serving host (whole lab, no --limit, as the README runs it), under load with the old
+    key; run 2 retires the old key, under load with the new one. The control: the new key
+    alone, in one step, is refused before anything changes. At the end the old key gets
+    401 and the new one 200, through the gateway and straight."""
+    import secrets
+    old, new = key(), "rotated-" + secrets.token_urlsafe(24)
+    serving = {h: {"vllm_server_api_key": new, "vllm_server_api_keys_retiring": [old]}
+               for h in SERVING}
+    before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    # the control: the new key alone is refused on the canary, nothing drained or replaced
+    rc, out = playbook("playbooks/upgrade.yml", None, limit=None, extra=FAST,
+                       hosts={h: {"vllm_server_api_key": new} for h in SERVING})
+    assert rc != 0 and "accepts none of the keys" in out, why(out)
+    assert {h: inspect(c) for h, c in CHAT_CONTAINERS.items()} == before
+    print(f"\n[keys] control (new key alone): rc {rc}, refused: "
+          + re.search(r"\S+ accepts none of the keys[^.]*", out).group(0))
+    # run 1: both keys
+    (rc, out), totals = under_load(GATEWAY, lambda: playbook(
+        "playbooks/upgrade.yml", None, limit=None, extra=FAST, hosts=serving))
+    assert rc == 0, why(out)
+    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
+    both = _keys_everywhere(old, new)
+    print(f"[keys] after run 1 (rc {rc}): {both}")
+    assert set(both.values()) == {200}, both
+    # run 2: the lab's key file holds the new key (every later case uses it), none retiring
+    (ROOT / ".cache/lab/api-key").write_text(new + "\n")
+    (rc, out), totals = under_load(GATEWAY, lambda: playbook(
+        "playbooks/upgrade.yml", None, limit=None, extra=FAST))
+    assert rc == 0, why(out)
+    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
+    end = _keys_everywhere(old, new)
+    print(f"[keys] after run 2 (rc {rc}): {end}")
+    assert {w: c for (k, w), c in end.items() if k == "old"} == dict.fromkeys(
+        ("gateway", "lab-h200", "lab-a10g"), 401), end
+    assert {w: c for (k, w), c in end.items() if k == "new"} == dict.fromkeys(
+        ("gateway", "lab-h200", "lab-a10g"), 200), end
+    # no key on a command line, in an environment or a run's output; the file is root's
+    for host, container in CHAT_CONTAINERS.items():
+        config = json.loads(sh("docker", "inspect", container).stdout)[0]["Config"]
+        assert old not in json.dumps(config) and new not in json.dumps(config), host
+        ps = host_sh(host, "ps -eo args")
+        assert new not in ps and old not in ps, host
+        files = host_sh(host, "stat -c '%a %U %n' /etc/gpufleet/vllm-auth/*.yaml").split("\n")
+        assert [f.split()[:2] for f in files if f] == [["600", "root"]], files
+    assert new not in out and old not in out
 
 
 def test_control_replacing_without_the_gateway_drops_requests(lab, tmp_path):

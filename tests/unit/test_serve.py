@@ -544,7 +544,7 @@ def _plan_params(tmp_path, **kw):
               "gpu_indexes": [], "allow_replicas": False, "env": {}, "shm_size": "1g",
               "model_mount_root": "/models", "check_ports": True, "metrics_address": "",
               "host_name": "gpu1", "host_address": "", "shutdown_timeout": 0,
-              "cache_root": ""}
+              "cache_root": "", "key_digests": [], "auth_dir": "", "allow_key_cutover": False}
     params.update(kw)
     return params
 

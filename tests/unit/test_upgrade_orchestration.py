@@ -83,6 +83,8 @@ STANDIN_ROLES = {
          "when": "inventory_hostname ~ ' ' ~ vllm_gateway_server_state == standin_kill_at"},
     ],
     "vllm_gateway/tasks/main.yml": [_log("gateway-config")],
+    # the keys play before the first batch (a key rotation: docs/security.md)
+    "vllm_gateway/tasks/keys.yml": [_log("gateway-keys-{{ vllm_gateway_keys_kept_only }}")],
 }
 
 # The stand-in modules read the test's settings from a JSON file; the probe knows its host
@@ -315,6 +317,16 @@ def test_a_limited_run_releases_its_lock(tmp_path):
     assert not (tmp_path / "rollout.lock").exists(), out
 
 
+def test_the_gateway_keeps_only_the_kept_keys_before_the_first_drain(tmp_path):
+    """A key rotation (#31 item 5, docs/security.md): in a run that holds the lock, the
+    gateway's keys are narrowed before the first drain and written in full at the end."""
+    run = _fleet(tmp_path, HOSTS[:2])
+    rc, out, events = run()
+    assert rc == 0, out
+    assert _of(events, "gw") == ["gateway-keys-True", "gateway-config"], events
+    assert events.index(("gw", "gateway-keys-True")) < events.index(("h1", "disabled")), events
+
+
 def test_two_runs_started_at_once_one_runs_and_the_other_is_refused(tmp_path):
     run = _fleet(tmp_path, HOSTS[:3])
     first, second = run.start(), run.start()
@@ -326,6 +338,8 @@ def test_two_runs_started_at_once_one_runs_and_the_other_is_refused(tmp_path):
     events = run.events()
     # each host was drained once, by the run that held the lock
     assert all(_of(events, h).count("disabled") == 1 for h in HOSTS[:3]), events
+    # the refused run did not touch the gateway's keys: only the lock holder did
+    assert _of(events, "gw").count("gateway-keys-True") == 1, events
     assert not (tmp_path / "rollout.lock").exists()
 
 
