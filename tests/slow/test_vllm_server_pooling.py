@@ -63,6 +63,8 @@ def _run(playbook, tmp_path, key, port, max_model_len, extra_args=(), expect_ok=
         "vllm_server_api_key": key,
         "vllm_server_install_docker_sdk": False, "vllm_server_warmup_requests": 1,
         "vllm_server_cache_root": str(tmp_path / "vllm-cache"),
+        # the API keys file: the one file the run writes that holds the key (checked below)
+        "vllm_server_auth_dir": str(tmp_path / "vllm-auth"),
         "vllm_server_models": [{
             "name": "sentence-transformers/all-MiniLM-L6-v2", "path": str(MINILM),
             "port": port, "max_model_len": max_model_len,
@@ -84,9 +86,14 @@ def _run(playbook, tmp_path, key, port, max_model_len, extra_args=(), expect_ok=
     output = proc.stdout + proc.stderr
     assert key not in output
     assert any((tmp_path / "facts").glob("*localhost")), "the fact cache was not written"
+    auth = tmp_path / "vllm-auth"
     for written in tmp_path.rglob("*"):  # what the run wrote (extra.json holds the key)
-        if written.is_file() and written.name != "extra.json":
+        if written.is_file() and written.name != "extra.json" and written.parent != auth:
             assert key not in written.read_text(errors="replace"), written
+    for keys_file in auth.glob("*"):  # the keys file vLLM reads with --config: root's only
+        assert keys_file.stat().st_mode & 0o777 == 0o600 and keys_file.stat().st_uid == 0
+    if auth.exists():
+        assert oct(auth.stat().st_mode & 0o777) == "0o700"
     assert (proc.returncode == 0) is expect_ok, output[-5000:]
     recap = re.search(r"localhost\s+: ok=\d+\s+changed=(\d+)", output)
     return int(recap.group(1)), output
@@ -107,11 +114,13 @@ def test_pooling_model_create_keep_replace(playbook, tmp_path):
     # hardened: no capability, no privilege gain, and vLLM CPU serves that way
     assert first["HostConfig"]["CapDrop"] == ["ALL"] and not first["HostConfig"]["CapAdd"]
     assert "no-new-privileges" in first["HostConfig"]["SecurityOpt"]
-    # the key is in the environment (VLLM_API_KEY) and nowhere else docker shows
-    assert f"VLLM_API_KEY={key}" in first["Config"]["Env"]
-    shown = json.dumps({k: first[k] for k in ("Args", "Path", "HostConfig", "Name")}) \
-        + json.dumps({k: v for k, v in first["Config"].items() if k != "Env"})
-    assert key not in shown
+    # the key is in the keys file the container mounts read-only and names with --config
+    # (a root-only file, checked by _run), and nowhere docker shows
+    assert first["Args"][-2:] == ["--config", "/run/gpufleet/vllm-auth.yaml"]
+    mount, = [m for m in first["Mounts"] if m["Destination"] == "/run/gpufleet/vllm-auth.yaml"]
+    assert not mount["RW"] and (tmp_path / "vllm-auth").resolve() == pathlib.Path(mount["Source"]).parent
+    assert key in pathlib.Path(mount["Source"]).read_text()
+    assert key not in json.dumps(first)
 
     url = f"http://127.0.0.1:{port}"
     assert requests.get(f"{url}/v1/models", timeout=10).status_code == 401
