@@ -92,7 +92,8 @@ options:
     description:
       - Latency objectives in milliseconds, by vLLM's names C(ttft), C(tpot), C(e2el)
         (C(--goodput KEY:VALUE)). A request meeting all of them is good; the result's
-        C(request_goodput) then feeds the cliff rule C(goodput_below_offered).
+        C(request_goodput) then feeds the cliff rule C(goodput_falls) (goodput falling as
+        concurrency grows) and the note C(goodput_below_offered).
       - Empty (the default) measures no goodput.
     type: dict
     default: {}

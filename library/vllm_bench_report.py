@@ -57,7 +57,7 @@ options:
     type: float
     default: 2.0
   min_rate_ratio:
-    description: Cliff rule rate_below_offered - fraction of the offered request rate.
+    description: Notes rate_below_offered and goodput_below_offered (never the cliff) - fraction of the offered request rate.
     type: float
     default: 0.8
   min_success_rate:
