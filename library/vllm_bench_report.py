@@ -49,7 +49,9 @@ options:
     elements: dict
     default: []
   matrix:
-    description: The matrix asked for (shown in the report).
+    description:
+      - The matrix asked for - C(preset), C(concurrency), C(pairs) (empty lists mean the preset's) and
+        the run's settings; the summary and the report list what ran beside it (RV(summary)).
     type: dict
     default: {}
   p99_jump:
@@ -103,7 +105,9 @@ files:
   type: list
   elements: str
 summary:
-  description: Points (total, ok, failed), groups (knee, cliff, findings per instance and pair), failed points with their reasons, notes, the fleet table.
+  description:
+    - Points (total, ok, failed), groups (knee, cliff, findings per instance and pair, and C(ran), each concurrency level with its status), failed points with their reasons, notes, the fleet table.
+    - C(matrix) is the matrix that ran - C(concurrency) and C(pairs) from the points (measured or failed, after clipping), C(instances) the same per instance, C(asked) the O(matrix)'s axes with an empty list resolved to its preset's, and O(matrix)'s other settings.
   returned: always
   type: dict
 knee_facts:
