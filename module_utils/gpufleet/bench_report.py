@@ -415,7 +415,7 @@ def _html(summary, instances, groups_by_instance, points, files, images):
                "buying output throughput (kneed, concave increasing, on the measured points of "
                "one input/output pair, below the cliff). The <b>cliff</b> is the first "
                "concurrency where the service stops delivering: a failed point, failed "
-               "requests, or output throughput or goodput (requests/s within the latency "
+               "requests, requests preempted by vLLM, or output throughput or goodput (requests/s within the latency "
                "objectives) falling below a lower level's. A p99 TTFT / E2E jump larger than "
                "the concurrency explains, or a rate below what the concurrency offers "
                "(Little's law), is a note, not a cliff: on a curve whose throughput still "
@@ -447,13 +447,16 @@ def _html(summary, instances, groups_by_instance, points, files, images):
                       key=lambda p: (p["row"]["input_len"], p["row"]["output_len"],
                                      p["row"]["concurrency"]))
         out.append("<table><tr><th>point</th><th>status</th><th>output tok/s</th><th>req/s</th>"
-                   "<th>p99 TTFT ms</th><th>p99 E2E ms</th><th>GPU utilisation</th></tr>")
+                   "<th>p99 TTFT ms</th><th>p99 E2E ms</th><th>preempted</th><th>GPU utilisation</th></tr>")
         for p in mine:
             r = p["row"]
             status = ("ok" if p["status"] == "ok"
                       else f"<span class='failed'>failed: {_e(p.get('error'))}</span>")
             cells = [_fmt(r.get(k)) for k in ("output_throughput", "request_throughput",
                                                 "p99_ttft_ms", "p99_e2el_ms")]
+            pre = p.get("preemptions") or {}
+            cells.append(_fmt(r.get("preemptions")) if r.get("preemptions") is not None
+                         else _e(f"- ({pre['reason']})" if pre.get("reason") else "-"))
             out.append(f"<tr><td>c={r['concurrency']} in={r['input_len']} out={r['output_len']}"
                        f"</td><td>{status}</td>" + "".join(f"<td>{c}</td>" for c in cells)
                        + f"<td>{_gpu_cell(p.get('gpu'))}</td></tr>")

@@ -284,6 +284,28 @@ def test_throughput_falling_is_a_cliff_and_the_knee_is_below_it():
     assert flat["cliff"] is None
 
 
+def preempting(counts):
+    """Rows of the saturating(8) curve with vllm_bench's preemption counts per level."""
+    return [dict(b.point_from_result(result(c, saturating(8)(c))), preemptions=n)
+            for c, n in zip(C, counts)]
+
+
+def test_preemptions_starting_are_the_cliff():
+    """vLLM preempts requests (KV cache full) from concurrency 32 on: the cliff
+    (preemptions_start) though throughput still rises; the knee is below it. Controls: zero
+    preemptions counted is no cliff and says "no preemption"; unread counts (None, the
+    recorded results) are no rule and say nothing about preemption."""
+    group = one(preempting([0, 0, 0, 0, 0, 6, 40]))
+    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (32, "preemptions_start")
+    assert "preempted 6 request(s) during the point at concurrency 32" in group["cliff"]["detail"]
+    assert "vllm:num_preemptions_total" in group["cliff"]["detail"]
+    assert group["knee"]["concurrency"] == 8
+    none = one(preempting([0] * 7))
+    assert none["cliff"] is None and "no preemption" in none["why_no_cliff"]
+    unread = one(preempting([None] * 7))
+    assert unread["cliff"] is None and "preemption" not in unread["why_no_cliff"]
+
+
 def test_a_failed_point_is_a_cliff():
     points = rows(lambda c: 100.0 * c)[:4] + [
         {"instance": "i0", "input_len": 1000, "output_len": 512, "concurrency": 16,
@@ -561,6 +583,8 @@ def _stops_delivering(group, c):
         return "point failed"
     if row["failed"]:
         return f"{row['failed']} requests failed"
+    if row.get("preemptions"):
+        return f"{row['preemptions']:g} requests preempted"
     for key in ("output_throughput", "request_goodput"):
         before = [r[key] for r in lower if r[key] is not None]
         if row[key] is not None and before and row[key] < 0.95 * max(before):
@@ -603,18 +627,20 @@ def _synthetic_groups():
              for c in C]),
         # goodput halves at 32 while throughput still rises
         one([b.point_from_result(result(c, saturating(8)(c), goodput=(0.5 if c >= 32 else 1.0)
-                                        * saturating(8)(c) / 512)) for c in C])]
+                                        * saturating(8)(c) / 512)) for c in C]),
+        # vLLM starts preempting at 32 while throughput still rises
+        one(preempting([0, 0, 0, 0, 0, 6, 40]))]
 
 
 def test_knee_and_cliff_are_consistent_on_every_curve():
     """#34 item 7. On every recorded curve (the lab's preset groups, the 5- and 7-point
     curves, and the reported one: lab preset levels 1, 4, 16, 32, p99 TTFT 3.6x from 1 to
-    4 while throughput still rises 1.8x from 4 to 16, knee 16, nothing failed) and six
+    4 while throughput still rises 1.8x from 4 to 16, knee 16, nothing failed) and seven
     synthetic ones, the knee lies below the cliff and the cliff is the first level where
     the figures show the service stop delivering (a failure, or throughput or goodput
     falling), worked out here from the rows, not by the rules under test."""
     groups = _all_recorded_groups() + _synthetic_groups()
-    assert len(groups) == 7 + 6
+    assert len(groups) == 7 + 7
     problems = [p for g in groups for p in _planner_problems(g, g["knee"], g["cliff"])]
     assert problems == []
     for g in groups:

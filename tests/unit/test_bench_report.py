@@ -253,6 +253,8 @@ def test_summary_and_matrix_line_list_what_ran_with_the_roles_empty_axes():
         points.append({"instance": data["instance"], "status": "ok", "result": data,
                        "row": b.point_from_result(data), "error": None,
                        "gpu": b.summarise_gpu_samples([], None, None)})
+    points[0]["preemptions"] = {"count": None, "reason": "http://x/metrics could not be read"}
+    points[1]["row"] = dict(points[1]["row"], preemptions=0.0)
     instance = dict(INSTANCES[1], instance="reported-34-7:18000", host="lab-h200")
     as_the_role_passes = {"preset": "lab", "concurrency": [], "pairs": [], "min_prompts": 50,
                           "percentiles": [50, 90, 99], "goodput": {}, "point_timeout": 900}
@@ -275,6 +277,8 @@ def test_summary_and_matrix_line_list_what_ran_with_the_roles_empty_axes():
     assert ("Plot: latency vs input length: one input length measured (32), no curve drawn"
             in html)
     assert "p99_ttft_jump, note]" in html  # the 3.6x step at 4 is a note, not the cliff
+    assert "<th>preempted</th>" in html and "<td>0</td>" in html
+    assert "<td>- (http://x/metrics could not be read)</td>" in html
     group = report["summary"]["groups"][0]
     assert group["knee"]["concurrency"] == 16 and group["cliff"] is None
     # the run's own matrix, with explicit axes and a clipped pair, lists what ran
