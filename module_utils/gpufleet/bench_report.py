@@ -207,13 +207,18 @@ def _too_few(ax, values, what):
             f"no curve to draw; measure two or more", ha="center", va="center",
             transform=ax.transAxes, fontsize=10)
     ax.set_xticks([])
+    ax.set_yticks([])
     return True
 
 
 def _ticks(ax, values):
-    """Plain numbers at the measured values on a log axis (not 2^n)."""
+    """Plain numbers at the measured values on a log axis (not 2^n); none for one value
+    (the axes then hold _too_few's note, not a curve)."""
     values = sorted({v for v in values if v})
-    if values:
+    if len(values) < 2:
+        ax.set_xticks([])
+        ax.minorticks_off()
+    else:
         ax.set_xticks(values)
         ax.set_xticklabels([str(v) for v in values])
         ax.minorticks_off()

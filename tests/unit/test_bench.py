@@ -603,7 +603,8 @@ def _planner_problems(group, knee, cliff):
                         f"{cliff['concurrency']} ({cliff['rule']})")
     if cliff and not _stops_delivering(group, cliff["concurrency"]):
         problems.append(f"{name}: cliff at {cliff['concurrency']} ({cliff['rule']}) where the "
-                        f"service still delivers (nothing failed, throughput and goodput rose)")
+                        f"service still delivers (no failure or preemption, and throughput and goodput "
+                        f"did not fall)")
     end = cliff["concurrency"] if cliff else float("inf")
     for r in group["rows"]:
         why = _stops_delivering(group, r["concurrency"])

@@ -231,6 +231,8 @@ def test_an_axis_with_one_measured_value_says_so_instead_of_a_curve(monkeypatch)
     by_input = figs["h1_8000-latency-vs-input.png"]
     assert all(not ax.lines for ax in by_input.axes)
     assert _texts(by_input) == ["one input length measured (32):\nno curve to draw; measure two or more"] * 2
+    # no stray tick at the one value (a single column to read) and no empty scale
+    assert all(len(ax.get_xticks()) == 0 and len(ax.get_yticks()) == 0 for ax in by_input.axes)
     assert all(ax.lines for ax in figs["h1_8000-latency-vs-concurrency.png"].axes)
     assert not _texts(figs["h1_8000-throughput.png"])
     two_pairs = b.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, n)["row"] for c in (1, 2, 4) for n in (32, 64)])
