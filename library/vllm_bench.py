@@ -92,7 +92,8 @@ options:
     description:
       - Latency objectives in milliseconds, by vLLM's names C(ttft), C(tpot), C(e2el)
         (C(--goodput KEY:VALUE)). A request meeting all of them is good; the result's
-        C(request_goodput) then feeds the cliff rule C(goodput_below_offered).
+        C(request_goodput) then feeds the cliff rule C(goodput_falls) (goodput falling as
+        concurrency grows) and the note C(goodput_below_offered).
       - Empty (the default) measures no goodput.
     type: dict
     default: {}
@@ -193,6 +194,12 @@ log_tail:
   description: The last O(log_lines) lines of the benchmark's output.
   returned: when a point was run
   type: str
+preemptions:
+  description:
+    - C(count) - requests vLLM preempted during the point (the rise of C(vllm:num_preemptions_total) on the instance's C(/metrics), read before and after; also the row's C(preemptions), which the cliff rule C(preemptions_start) reads), or null with C(reason) where it could not be read.
+    - Counts the instance's preemptions from any load, so run nothing else against it meanwhile.
+  returned: when a point was run
+  type: dict
 gpu:
   description: C(sampled), C(source), C(reason) and per GPU C(util_mean), C(util_max), C(mem_util_mean), C(mem_util_max) (memory bandwidth, as NVML's memory utilisation or dmon's C(mem) column give it), C(fb_max_mib), C(power_mean_w).
   returned: when a point was run
@@ -210,16 +217,18 @@ import subprocess
 import tarfile
 import threading
 import time
+import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.gpufleet import options
-from ansible.module_utils.gpufleet.bench import (PRESETS, BenchError, bench_env, bench_plan,
-                                                 bench_serve_command, failed_point, goodput_flags,
+from ansible.module_utils.gpufleet.bench import (PREEMPTION_METRIC, PRESETS, BenchError,
+                                                 bench_env, bench_plan, bench_serve_command,
+                                                 failed_point, goodput_flags,
                                                  instance_from_inspect, is_loopback,
                                                  parse_dmon, percentile_flags,
-                                                 point_from_result, split_target,
-                                                 summarise_gpu_samples)
-from ansible.module_utils.gpufleet.bounded import join_capped
+                                                 point_from_result, preemptions_from_metrics,
+                                                 split_target, summarise_gpu_samples)
+from ansible.module_utils.gpufleet.bounded import BoundError, join_capped, open_capped
 from ansible.module_utils.gpufleet.serve import LABEL_PREFIX, remove_container
 
 try:
@@ -421,6 +430,7 @@ def bench(params, client, check_mode, sampler_factory=None):
     if check_mode:
         out.update(status="not_run", seconds=round(time.monotonic() - start, 1))
         return out
+    before = read_preemptions(address, port, params["api_key"])
     sampler = (sampler_factory or GpuSampler)() if params["sample_gpus"] else None
     if sampler is None:
         gpu = summarise_gpu_samples([], None, "GPU sampling off (sample_gpus: false)")
@@ -431,7 +441,9 @@ def bench(params, client, check_mode, sampler_factory=None):
         text, error, tail, exit_code = None, f"the bench container could not run: {exc}", "", None
     if sampler is not None:
         gpu = sampler.summary()
-    out.update(gpu=gpu, exit_code=exit_code)
+    out.update(gpu=gpu, exit_code=exit_code,
+               preemptions=_preemptions(before, read_preemptions(address, port,
+                                                                 params["api_key"])))
     if error is None:
         label = f"{instance} c={point['concurrency']} in={point['input_len']} out={point['output_len']}"
         try:
@@ -441,12 +453,47 @@ def bench(params, client, check_mode, sampler_factory=None):
         except (ValueError, BenchError) as exc:
             error = f"the saved result cannot be used: {exc}"
         else:
+            row["preemptions"] = out["preemptions"]["count"]
             # Requests that failed inside a measured point: their errors are in the log.
             out.update(status="ok", result=result, row=row,
                        log_tail=tail if row["failed"] else "",
                        seconds=round(time.monotonic() - start, 1))
             return out
     return _failed(out, point, instance, error, tail, start)
+
+
+METRICS_TIMEOUT = 10  # seconds for one read of the instance's /metrics
+METRICS_MAX_BYTES = 8 << 20
+
+
+def read_preemptions(address, port, api_key=""):
+    """(count, None) of vLLM's preemption counter on http://ADDRESS:PORT/metrics, or
+    (None, reason) when it cannot be read (no such counter, refused, timed out)."""
+    host = f"[{address}]" if ":" in address else address
+    url = f"http://{host}:{port}/metrics"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def opener(target, timeout):
+        return urllib.request.urlopen(urllib.request.Request(target, headers=headers),
+                                      timeout=timeout)
+    try:
+        body = open_capped(opener, url, METRICS_MAX_BYTES, METRICS_TIMEOUT, what=url)
+    except (OSError, BoundError, ValueError) as exc:
+        return None, f"{url} could not be read: {exc}"
+    count = preemptions_from_metrics(body.decode("utf-8", "replace"))
+    if count is None:
+        return None, f"{url} has no {PREEMPTION_METRIC}"
+    return count, None
+
+
+def _preemptions(before, after):
+    """{"count", "reason"} from the reads before and after a point."""
+    if before[0] is None or after[0] is None:
+        return {"count": None, "reason": before[1] or after[1]}
+    if after[0] < before[0]:
+        return {"count": None, "reason": f"{PREEMPTION_METRIC} went down during the point "
+                                         f"({before[0]:g} -> {after[0]:g}): the server restarted"}
+    return {"count": after[0] - before[0], "reason": None}
 
 
 class _NoSampler:

@@ -49,7 +49,9 @@ options:
     elements: dict
     default: []
   matrix:
-    description: The matrix asked for (shown in the report).
+    description:
+      - The matrix asked for - C(preset), C(concurrency), C(pairs) (empty lists mean the preset's) and
+        the run's settings; the summary and the report list what ran beside it (RV(summary)).
     type: dict
     default: {}
   p99_jump:
@@ -57,7 +59,7 @@ options:
     type: float
     default: 2.0
   min_rate_ratio:
-    description: Cliff rule rate_below_offered - fraction of the offered request rate.
+    description: Notes rate_below_offered and goodput_below_offered (never the cliff) - fraction of the offered request rate.
     type: float
     default: 0.8
   min_success_rate:
@@ -103,7 +105,9 @@ files:
   type: list
   elements: str
 summary:
-  description: Points (total, ok, failed), groups (knee, cliff, findings per instance and pair), failed points with their reasons, notes, the fleet table.
+  description:
+    - Points (total, ok, failed), groups (knee, cliff, findings per instance and pair, and C(ran), each concurrency level with its status), failed points with their reasons, notes, the fleet table.
+    - C(matrix) is the matrix that ran - C(concurrency) and C(pairs) from the points (measured or failed, after clipping), C(instances) the same per instance, C(asked) the O(matrix)'s axes with an empty list resolved to its preset's, and O(matrix)'s other settings.
   returned: always
   type: dict
 knee_facts:

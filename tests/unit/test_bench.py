@@ -284,6 +284,28 @@ def test_throughput_falling_is_a_cliff_and_the_knee_is_below_it():
     assert flat["cliff"] is None
 
 
+def preempting(counts):
+    """Rows of the saturating(8) curve with vllm_bench's preemption counts per level."""
+    return [dict(b.point_from_result(result(c, saturating(8)(c))), preemptions=n)
+            for c, n in zip(C, counts)]
+
+
+def test_preemptions_starting_are_the_cliff():
+    """vLLM preempts requests (KV cache full) from concurrency 32 on: the cliff
+    (preemptions_start) though throughput still rises; the knee is below it. Controls: zero
+    preemptions counted is no cliff and says "no preemption"; unread counts (None, the
+    recorded results) are no rule and say nothing about preemption."""
+    group = one(preempting([0, 0, 0, 0, 0, 6, 40]))
+    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (32, "preemptions_start")
+    assert "preempted 6 request(s) during the point at concurrency 32" in group["cliff"]["detail"]
+    assert "vllm:num_preemptions_total" in group["cliff"]["detail"]
+    assert group["knee"]["concurrency"] == 8
+    none = one(preempting([0] * 7))
+    assert none["cliff"] is None and "no preemption" in none["why_no_cliff"]
+    unread = one(preempting([None] * 7))
+    assert unread["cliff"] is None and "preemption" not in unread["why_no_cliff"]
+
+
 def test_a_failed_point_is_a_cliff():
     points = rows(lambda c: 100.0 * c)[:4] + [
         {"instance": "i0", "input_len": 1000, "output_len": 512, "concurrency": 16,
@@ -301,24 +323,29 @@ def test_all_points_failed():
     assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (1, "point_failed")
 
 
-def test_achieved_rate_below_offered():
-    """Closed loop: offered = c / mean E2E. A run whose throughput is 60% of that fires."""
+def test_achieved_rate_below_offered_is_a_note_not_the_cliff():
+    """Closed loop: offered = c / mean E2E. A run whose throughput is 60% of that measured
+    less load than its concurrency: a note naming the figures; the cliff stays where the
+    service stops delivering (none here: throughput rises and nothing fails)."""
     data = result(8, 800.0)
     data["request_throughput"] *= 0.6
     row = b.point_from_result(data)
     group = one(rows(lambda c: 100.0 * c)[:3] + [row])
-    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (8, "rate_below_offered")
-    assert "60% of the" in group["cliff"]["detail"]
+    note = next(f for f in group["findings"] if f["rule"] == "rate_below_offered")
+    assert note["concurrency"] == 8 and "60% of the" in note["detail"]
+    assert "a note, not a cliff" in note["detail"]
+    assert group["cliff"] is None and "rate_below_offered at 8" in group["why_no_cliff"]
     # open loop: offered is the configured rate (capped by the closed-loop one)
     slow = b.point_from_result(result(8, 800.0, request_rate=1.0))
     assert slow["offered_request_rate"] == 1.0
-    assert one([slow])["cliff"] is None  # 800/512 = 1.56 req/s >= 1.0 offered
+    assert one([slow])["findings"] == []  # 800/512 = 1.56 req/s >= 1.0 offered
 
 
-def test_goodput_below_offered():
+def test_goodput_below_offered_is_a_note():
     tput = 800.0
     group = one([b.point_from_result(result(8, tput, goodput=0.5 * tput / 512))])
-    assert group["cliff"]["rule"] == "goodput_below_offered"
+    assert [f["rule"] for f in group["findings"]] == ["goodput_below_offered"]
+    assert group["cliff"] is None
 
 
 def test_a_synthetic_single_point_has_neither():
@@ -533,32 +560,115 @@ def test_recorded_lab_curve_lab_h200_c1_to_64_has_its_knee_at_16():
     assert group["cliff"] is None
 
 
+REPORTED = FIXTURES / "bench" / "reported-34-7" / "curve"
+
+
 def _all_recorded_groups():
-    points = [b.point_from_result(p) for p in lab_files("preset") + lab_files("curve")]
-    return (b.analyse(points[:len(lab_files("preset"))]) + b.analyse(points[len(lab_files("preset")):])
-            + b.analyse([b.point_from_result(p) for p in LAB_KNEE.glob("*.json")]))
+    """Every recorded curve: the 2026-12-02 preset (4 groups of 2 points) and 5-point
+    curve, the 2026-12-03 7-point curve, and the curve of issue #34 item 7's report
+    (tests/fixtures/bench/SOURCES.md)."""
+    return (b.analyse([b.point_from_result(p) for p in lab_files("preset")])
+            + b.analyse([b.point_from_result(p) for p in lab_files("curve")])
+            + b.analyse([b.point_from_result(p) for p in LAB_KNEE.glob("*.json")])
+            + b.analyse([b.point_from_result(p) for p in REPORTED.glob("*.json")]))
 
 
-SYNTHETIC = {"saturating": saturating(8), "linear": lambda c: 100.0 * c,
-             "falling after 16": lambda c: {1: 100.0, 2: 190.0, 4: 340.0, 8: 520.0, 16: 600.0,
-                                             32: 480.0, 64: 300.0}[c]}
+def _stops_delivering(group, c):
+    """Why the service stops delivering at concurrency c, from the rows' own figures (not
+    the rules under test): the point failed, a request failed, or output throughput or
+    goodput fell more than 5% below a lower level's; None when it delivered."""
+    lower = [r for r in group["rows"] if r["concurrency"] < c and r["status"] == "ok"]
+    row = next(r for r in group["rows"] if r["concurrency"] == c)
+    if row["status"] != "ok":
+        return "point failed"
+    if row["failed"]:
+        return f"{row['failed']} requests failed"
+    if row.get("preemptions"):
+        return f"{row['preemptions']:g} requests preempted"
+    for key in ("output_throughput", "request_goodput"):
+        before = [r[key] for r in lower if r[key] is not None]
+        if row[key] is not None and before and row[key] < 0.95 * max(before):
+            return f"{key} fell"
+    return None
+
+
+def _planner_problems(group, knee, cliff):
+    """What a capacity planner would find contradictory in (knee, cliff) on this curve:
+    a knee at or past the cliff; a cliff where the figures show the service delivering;
+    a level that stopped delivering below the cliff (or with no cliff at all)."""
+    name = f"{group['instance']} ({group['input_len']}, {group['output_len']})"
+    problems = []
+    if knee and cliff and knee["concurrency"] >= cliff["concurrency"]:
+        problems.append(f"{name}: knee at {knee['concurrency']} is not below the cliff at "
+                        f"{cliff['concurrency']} ({cliff['rule']})")
+    if cliff and not _stops_delivering(group, cliff["concurrency"]):
+        problems.append(f"{name}: cliff at {cliff['concurrency']} ({cliff['rule']}) where the "
+                        f"service still delivers (no failure or preemption, and throughput and goodput "
+                        f"did not fall)")
+    end = cliff["concurrency"] if cliff else float("inf")
+    for r in group["rows"]:
+        why = _stops_delivering(group, r["concurrency"])
+        if why and r["concurrency"] < end:
+            problems.append(f"{name}: {why} at {r['concurrency']}, " + (
+                f"below the cliff at {cliff['concurrency']}" if cliff else "and no cliff"))
+    return problems
+
+
+def _synthetic_groups():
+    def failing(c):
+        tput = saturating(8)(c)
+        little = 1000.0 * c / (tput / 512)
+        return b.point_from_result(result(c, tput, failed=3 if c >= 32 else 0,
+                                          p99_e2el=little * (1.1 if c < 16 else 5.0)))
+    return [one(rows(f)) for f in (saturating(8), lambda c: 100.0 * c, lambda c: {
+        1: 100.0, 2: 190.0, 4: 340.0, 8: 520.0, 16: 600.0, 32: 480.0, 64: 300.0}[c])] + [
+        one([failing(c) for c in C]),
+        # 30% of the requests miss the latency objectives at every level; goodput rises
+        one([b.point_from_result(result(c, saturating(8)(c), goodput=0.7 * saturating(8)(c) / 512))
+             for c in C]),
+        # goodput halves at 32 while throughput still rises
+        one([b.point_from_result(result(c, saturating(8)(c), goodput=(0.5 if c >= 32 else 1.0)
+                                        * saturating(8)(c) / 512)) for c in C]),
+        # vLLM starts preempting at 32 while throughput still rises
+        one(preempting([0, 0, 0, 0, 0, 6, 40]))]
 
 
 def test_knee_and_cliff_are_consistent_on_every_curve():
-    """On every recorded lab curve (the preset's 4 groups, the 5- and 7-point curves) and
-    the synthetic ones, a knee lies below the cliff: the knee is where more concurrency
-    stops buying throughput, the cliff where the service stops delivering. Control: the
-    old rule (the first finding of any rule, a latency step among them, is the cliff) puts
-    the 7-point curve's cliff at concurrency 2, below its knee at 16."""
-    groups = _all_recorded_groups() + [one(rows(f)) for f in SYNTHETIC.values()]
-    assert len(groups) == 9
+    """#34 item 7. On every recorded curve (the lab's preset groups, the 5- and 7-point
+    curves, and the reported one: lab preset levels 1, 4, 16, 32, p99 TTFT 3.6x from 1 to
+    4 while throughput still rises 1.8x from 4 to 16, knee 16, nothing failed) and seven
+    synthetic ones, the knee lies below the cliff and the cliff is the first level where
+    the figures show the service stop delivering (a failure, or throughput or goodput
+    falling), worked out here from the rows, not by the rules under test."""
+    groups = _all_recorded_groups() + _synthetic_groups()
+    assert len(groups) == 7 + 7
+    problems = [p for g in groups for p in _planner_problems(g, g["knee"], g["cliff"])]
+    assert problems == []
     for g in groups:
-        if g["knee"] and g["cliff"]:
-            assert g["knee"]["concurrency"] < g["cliff"]["concurrency"], g
-        assert g["cliff"] is None or g["cliff"]["rule"] in b.CLIFF_RULES
-    seven = _all_recorded_groups()[-1]
-    old_cliff = seven["findings"][0]
-    assert seven["knee"]["concurrency"] == 16 and old_cliff["concurrency"] == 2 < 16
+        decided = [g["cliff"]["detail"] if g["cliff"] else g["why_no_cliff"],
+                   g["knee"]["detail"] if g["knee"] else g["why_no_knee"]]
+        assert all(isinstance(d, str) and re.search(r"\d", d) for d in decided), g
+    reported = _all_recorded_groups()[-1]
+    tput = {r["concurrency"]: r["output_throughput"] for r in reported["rows"]}
+    assert sorted(tput) == list(b.LAB_CONCURRENCY) and tput[16] / tput[4] == pytest.approx(1.8)
+    assert reported["knee"]["concurrency"] == 16 and reported["cliff"] is None
+    assert [(f["concurrency"], f["rule"]) for f in reported["findings"]] == [(4, "p99_ttft_jump")]
+    assert "jumped 3.6x from concurrency 1 to 4" in reported["findings"][0]["detail"]
+
+
+def test_the_old_cliff_rule_fails_the_consistency_check():
+    """Control of the test above: the old rule (the first finding of any rule is the cliff,
+    the knee on every measured point) gives the reported curve its cliff at 4 by
+    p99_ttft_jump with the knee at 16, and the 7-point lab curve its cliff at 2 below the
+    knee at 16; the check names both."""
+    def old(g):
+        return _planner_problems(g, g["knee"], g["findings"][0] if g["findings"] else None)
+    recorded = _all_recorded_groups()
+    reported, seven = recorded[-1], recorded[-2]
+    assert (reported["findings"][0]["concurrency"], reported["findings"][0]["rule"]) == (4, "p99_ttft_jump")
+    assert "knee at 16 is not below the cliff at 4 (p99_ttft_jump)" in old(reported)[0]
+    assert any("knee at 16 is not below the cliff at 2" in p for p in old(seven))
+    assert any("where the service still delivers" in p for p in old(reported))
 
 
 # --- goodput: the latency objective behind the cliff's goodput rule (#34 item 7) --------------
@@ -586,16 +696,28 @@ def test_bad_goodput_is_refused_with_the_rule(goodput, said):
         b.goodput_flags(goodput)
 
 
-def test_goodput_below_the_objective_is_the_cliff():
-    """With objectives, vLLM's request_goodput falls where requests miss them: at 32 only
-    half the offered requests are good, a cliff (goodput_below_offered) though throughput
-    still rises; the knee is below it. Control: the same points without goodput have none."""
+def test_goodput_falling_is_the_cliff_goodput_missing_objectives_while_rising_is_not():
+    """With objectives, vLLM's request_goodput (requests/s meeting every one) falls where
+    more concurrency costs good requests: at 32 only half the requests are good, so goodput
+    falls below 16's though throughput still rises: the cliff (goodput_falls), with the
+    knee below it. Controls: the same points without goodput have no cliff; and a curve
+    where 30% of the requests miss the objectives at every level while goodput still rises
+    has notes (goodput_below_offered), no cliff."""
     def point(c, goodput=True):
         data = result(c, saturating(8)(c))
         if goodput:
             data["request_goodput"] = data["request_throughput"] * (0.5 if c >= 32 else 1.0)
         return b.point_from_result(data)
     group = one([point(c) for c in C])
-    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (32, "goodput_below_offered")
+    assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (32, "goodput_falls")
+    best16 = saturating(8)(16) / 512
+    assert (f"goodput at concurrency 32 is {0.5 * saturating(8)(32) / 512:.3g} req/s, "
+            f"{1 - 0.5 * saturating(8)(32) / saturating(8)(16):.0%} below the {best16:.3g} req/s "
+            f"of concurrency 16") in group["cliff"]["detail"]
     assert group["knee"] and group["knee"]["concurrency"] < 32
     assert one([point(c, False) for c in C])["cliff"] is None
+    missing = one([b.point_from_result(result(c, saturating(8)(c),
+                                              goodput=0.7 * saturating(8)(c) / 512)) for c in C])
+    assert missing["cliff"] is None and missing["knee"]["concurrency"] == 8
+    assert {f["rule"] for f in missing["findings"]} == {"goodput_below_offered"}
+    assert "no fall in goodput" in missing["why_no_cliff"]

@@ -231,8 +231,72 @@ def test_an_axis_with_one_measured_value_says_so_instead_of_a_curve(monkeypatch)
     by_input = figs["h1_8000-latency-vs-input.png"]
     assert all(not ax.lines for ax in by_input.axes)
     assert _texts(by_input) == ["one input length measured (32):\nno curve to draw; measure two or more"] * 2
+    # no stray tick at the one value (a single column to read) and no empty scale
+    assert all(len(ax.get_xticks()) == 0 and len(ax.get_yticks()) == 0 for ax in by_input.axes)
     assert all(ax.lines for ax in figs["h1_8000-latency-vs-concurrency.png"].axes)
     assert not _texts(figs["h1_8000-throughput.png"])
     two_pairs = b.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, n)["row"] for c in (1, 2, 4) for n in (32, 64)])
     control = _figures(monkeypatch, two_pairs)["h1_8000-latency-vs-input.png"]
     assert all(ax.lines for ax in control.axes) and not _texts(control)
+
+
+REPORTED = FIXTURES / "bench" / "reported-34-7" / "curve"
+
+
+def test_summary_and_matrix_line_list_what_ran_with_the_roles_empty_axes():
+    """#34 item 7: the role passes matrix {preset: lab, concurrency: [], pairs: []} (its
+    fleet_benchmark_concurrency / _pairs, empty for "the preset's"), and summary.json and
+    the report's Matrix line printed `concurrency: []` though four levels ran. Now both
+    list the levels and pairs that ran (from the points), per instance too, and the asked
+    axes resolved to the preset's; the lab's one input length is said in the report."""
+    points = []
+    for path in sorted(REPORTED.glob("*.json")):
+        data = json.loads(path.read_text())
+        points.append({"instance": data["instance"], "status": "ok", "result": data,
+                       "row": b.point_from_result(data), "error": None,
+                       "gpu": b.summarise_gpu_samples([], None, None)})
+    points[0]["preemptions"] = {"count": None, "reason": "http://x/metrics could not be read"}
+    points[1]["row"] = dict(points[1]["row"], preemptions=0.0)
+    instance = dict(INSTANCES[1], instance="reported-34-7:18000", host="lab-h200")
+    as_the_role_passes = {"preset": "lab", "concurrency": [], "pairs": [], "min_prompts": 50,
+                          "percentiles": [50, 90, 99], "goodput": {}, "point_timeout": 900}
+    report = r.build_report(points, [instance], (), "20261205T000000Z", as_the_role_passes,
+                            with_plots=False)
+    matrix = report["summary"]["matrix"]
+    assert matrix["concurrency"] == [1, 4, 16, 32] == list(b.LAB_CONCURRENCY)
+    assert matrix["pairs"] == [[32, 16]]
+    assert matrix["instances"] == {"reported-34-7:18000": {"concurrency": [1, 4, 16, 32],
+                                                           "pairs": [[32, 16]]}}
+    assert matrix["asked"] == {"concurrency": [1, 4, 16, 32], "pairs": [[32, 16]]}
+    assert matrix["preset"] == "lab" and matrix["min_prompts"] == 50
+    saved = json.loads(report["files"]["summary.json"])
+    assert saved["matrix"]["concurrency"] == [1, 4, 16, 32]
+    html = report["files"]["report.html"].decode()
+    assert ("Matrix (what ran): concurrency <code>1, 4, 16, 32</code> x (input, output) "
+            "<code>(32, 16)</code> on 1 instance(s)") in html
+    assert "&quot;concurrency&quot;: []" not in html and '"concurrency": []' not in html
+    assert "Ran: concurrency 1, 4, 16, 32 x (input, output) (32, 16)" in html
+    assert ("Plot: latency vs input length: one input length measured (32), no curve drawn"
+            in html)
+    assert "p99_ttft_jump, note]" in html  # the 3.6x step at 4 is a note, not the cliff
+    assert "<th>preempted</th>" in html and "<td>0</td>" in html
+    assert "<td>- (http://x/metrics could not be read)</td>" in html
+    group = report["summary"]["groups"][0]
+    assert group["knee"]["concurrency"] == 16 and group["cliff"] is None
+    # the run's own matrix, with explicit axes and a clipped pair, lists what ran
+    s = r.build_report(run_points(), INSTANCES, SKIPPED, "x",
+                       {"preset": "default", "concurrency": C, "pairs": [[1000, 512], [10000, 512]]},
+                       with_plots=False)["summary"]["matrix"]
+    assert s["concurrency"] == C and s["pairs"] == [[32, 16], [1000, 512], [3584, 512]]
+    assert s["instances"]["h2:8000"] == {"concurrency": [1, 2], "pairs": [[32, 16]]}
+    assert s["asked"]["pairs"] == [[1000, 512], [10000, 512]]
+
+
+def test_axis_notes():
+    two_pairs = b.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, n)["row"]
+                           for c in (1, 2, 4) for n in (32, 64)])
+    assert r.axis_notes(two_pairs) == []
+    one_level = b.analyse([ok_point("h1:8000", "h1", 4, 400.0, n)["row"] for n in (32, 64)])
+    assert r.axis_notes(one_level) == [
+        "throughput and latency vs concurrency: one concurrency level measured (4), no curve "
+        "drawn; measure two or more"]

@@ -223,9 +223,18 @@ def client(monkeypatch):
         return holder["client"]
     monkeypatch.setattr(vllm_bench.docker, "from_env", from_env)
     monkeypatch.setattr(vllm_bench, "GpuSampler", FakeSampler)
+    # /metrics of the instance: the reads answered in order (no server in these tests)
+    holder["reads"], holder["asked"] = [], []
 
-    def make(**kw):
+    def read_preemptions(address, port, api_key=""):
+        holder["asked"].append((address, port, api_key))
+        return holder["reads"].pop(0) if holder["reads"] else (None, "no /metrics in this test")
+    monkeypatch.setattr(vllm_bench, "read_preemptions", read_preemptions)
+
+    def make(reads=(), **kw):
+        holder["reads"][:] = list(reads)
         holder["client"] = FakeClient(**kw)
+        holder["client"].metrics_asked = holder["asked"]
         return holder["client"]
     return make
 
@@ -405,3 +414,71 @@ def test_the_role_preflight_refuses_bad_goodput_before_any_point(tmp_path):
     rc, failures, _ = run_role_preflight(tmp_path, "fleet_benchmark",
                                          dict(base, fleet_benchmark_goodput={"ttft": 2000}))
     assert not any("latency objectives" in f for f in failures), failures
+
+
+# --- preemptions: vLLM's counter on /metrics, read before and after each point (#34 item 7)
+METRICS_PAGE = """# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="HuggingFaceTB/SmolLM2-135M-Instruct"} 5.0
+vllm:num_preemptions_total{engine="1",model_name="a {b} c"} 2.0 1733450000000
+# HELP vllm:num_preemptions_created Cumulative number of preemption from the engine.
+vllm:num_preemptions_created{engine="0",model_name="x"} 1.733e+09
+vllm:num_requests_running{engine="0",model_name="x"} 3.0
+"""
+
+
+def test_preemptions_from_metrics_sums_the_counters_series():
+    """Prometheus text format: `name{labels} value [timestamp]`; the _created sample and
+    other metrics are not the counter. A page without it says None, not 0."""
+    assert b.preemptions_from_metrics(METRICS_PAGE) == 7.0
+    assert b.preemptions_from_metrics("vllm:num_preemptions_total 3\n") == 3.0
+    assert b.preemptions_from_metrics("vllm:num_requests_running 1.0\n") is None
+    assert b.preemptions_from_metrics("") is None
+
+
+def test_read_preemptions_over_http_sends_the_key_and_says_why_not():
+    import http.server
+    import threading
+    seen = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen["path"], seen["auth"] = self.path, self.headers.get("Authorization")
+            body = METRICS_PAGE.encode() if self.path == "/metrics" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        assert vllm_bench.read_preemptions("127.0.0.1", port, KEY) == (7.0, None)
+        assert seen == {"path": "/metrics", "auth": f"Bearer {KEY}"}
+    finally:
+        server.shutdown()
+        server.server_close()
+    count, why = vllm_bench.read_preemptions("127.0.0.1", port)  # nothing listens now
+    assert count is None and f"http://127.0.0.1:{port}/metrics could not be read" in why
+
+
+def test_module_counts_the_preemptions_of_the_point(client, monkeypatch):
+    fake = client(reads=[(3.0, None), (7.0, None)])
+    result, failed = run_module(vllm_bench.main, dict(ARGS, point=POINT), monkeypatch)
+    assert not failed and result["status"] == "ok"
+    assert result["preemptions"] == {"count": 4.0, "reason": None}
+    assert result["row"]["preemptions"] == 4.0
+    assert fake.metrics_asked == [("127.0.0.1", 18000, KEY)] * 2
+    assert KEY not in json.dumps(result)
+    # unread: null with the reason, and no rule reads it
+    client()
+    result, _ = run_module(vllm_bench.main, dict(ARGS, point=POINT), monkeypatch)
+    assert result["preemptions"] == {"count": None, "reason": "no /metrics in this test"}
+    assert result["row"]["preemptions"] is None
+    client(reads=[(9.0, None), (0.0, None)])
+    result, _ = run_module(vllm_bench.main, dict(ARGS, point=POINT), monkeypatch)
+    assert result["row"]["preemptions"] is None and "the server restarted" in result["preemptions"]["reason"]
