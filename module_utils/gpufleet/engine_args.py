@@ -19,13 +19,22 @@ argument this table does not know). Each falls in one class:
   API server, parsers, logging, loading, scheduling policy, observability, or features
   that do not size the KV pool or the weights.
 
+Each passed-through argument was checked against vLLM 0.32.0's own code in the lab image
+(where its dest is read: EngineArgs.create_engine_config, vllm/config/*.py, the GPU
+model runner and worker, vllm/v1/core): one that changes the weights per GPU, the KV pool
+or the blocks a request holds, the profiled peak (activations, CUDA graphs, encoder
+cache) or the concurrency the plan promises is NOT_MODELLED, citing where. PASSED holds,
+for passed-through arguments whose name suggests memory, why they do not change it (the
+memory they act on only with an argument that is refused, or what they act on instead);
+it is a note, not a class.
+
 Plain Python, no Ansible imports.
 """
 from __future__ import annotations
 
 import json
 
-__all__ = ["TUNED", "SERVER", "NOT_MODELLED", "READ", "CLASSES", "HF_OVERRIDES_ALLOWED",
+__all__ = ["TUNED", "SERVER", "NOT_MODELLED", "READ", "PASSED", "CLASSES", "HF_OVERRIDES_ALLOWED",
            "classify", "refusal", "flag_of", "hf_overrides_refusal", "first_refusal"]
 
 # flag -> the vllm_tune option (or what) sets it
@@ -63,6 +72,8 @@ SERVER = {
     "--headless": "nothing: gpufleet runs one API server per instance",
     "--api-server-count": "nothing: gpufleet runs one API server per instance",
     "-asc": "nothing: gpufleet runs one API server per instance",
+    "--device-ids": ("the model entry's GPU group: vllm_server gives the container its GPUs "
+                     "(serve.device_request) and the plan is for all of them"),
 }
 
 _PP = "pipeline parallelism is not modelled (issue #34 item 3)"
@@ -77,6 +88,31 @@ _QUANT = ("on-the-fly quantization changes the weights per GPU; serve a checkpoi
           "ahead (its config.json names the method, which the tuner reads)")
 _GRAPH = ("CUDA graph capture sizes change the memory vLLM reserves; the option enforce_eager "
           "is what the plan models")
+# the reasons below were checked in vLLM 0.32.0's code in the lab image; paths are in vllm/
+_DBO = ("dual-batch overlap and microbatching keep a workspace per microbatch "
+        "(v1/worker/gpu_worker.py _init_workspace_and_model_runner) and capture their own "
+        "CUDA graphs")
+_KERNEL = ("the GEMM and MoE kernels decide how the weights are laid out and the workspace "
+           "they take (config/kernel.py KernelConfig: marlin and machete repack quantized "
+           "weights, flashinfer_moe_ep_cutedsl requantizes MXFP4 at load, batched_triton "
+           "sizes activations per expert); the plan follows vLLM's automatic choice")
+_ROUTED = ("returning the routed experts keeps a max_num_batched_tokens x layers x top-k "
+           "int32 buffer on the GPU, allocated after the KV cache "
+           "(model_executor/layers/fused_moe/routed_experts_capturer.py; "
+           "distributed/aux_output_connector/worker.py)")
+_ATTN = ("it chooses the attention backend (whose block size and KV layout the plan "
+         "follows by default), the sparse indexer's KV dtype and HiSparse's KV pool "
+         "(config/attention.py AttentionConfig; v1/core/kv_cache_utils.py "
+         "get_hisparse_kv_cache_config)")
+_CODE = ("it loads code into vLLM's GPU worker, whose memory the plan cannot know "
+         "(v1/worker/gpu/sample/logits_processor/loader.py build_custom_logits_processors "
+         "builds it with the batch size)")
+_MM_TOKENS = ("it changes the tokens per image or video, from which vLLM sizes the encoder "
+              "cache and the profiled encoder batch (multimodal/encoder_budget.py "
+              "MultiModalBudget; v1/core/encoder_cache_manager.py compute_mm_encoder_budget); "
+              "the plan counts vLLM's defaults only")
+_CONCURRENCY = ("fewer requests would run than the plan's concurrency; set the option "
+                "target_concurrency instead")
 
 # flag -> why it is refused
 NOT_MODELLED = {
@@ -127,6 +163,68 @@ NOT_MODELLED = {
     "--enable-elastic-ep": _DP, "--elastic-ep-max-dp-size": _DP,
     "--enable-eplb": "expert load balancing adds redundant experts the plan does not count",
     "--eplb-config": "expert load balancing adds redundant experts the plan does not count",
+    # found passed through by name, moved after reading where vLLM 0.32.0 uses them
+    "--performance-mode": ("'interactivity' captures CUDA graphs at every batch size up to "
+                           "32 (config/vllm.py, the default cudagraph_capture_sizes) and "
+                           "'throughput' doubles the default batch sizes "
+                           "(engine/arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args); "
+                           "the plan models the default, 'balanced'"),
+    "--enable-dbo": _DBO, "--ubatch-size": _DBO,
+    "--all2all-backend": ("the expert-parallel all-to-all backend allocates its own "
+                          "communication buffers (DeepEP, NIXL EP) or redundant experts "
+                          "(moonep) (config/parallel.py all2all_backend); the plan models "
+                          "the default allgather_reducescatter"),
+    "--disable-custom-all-reduce": ("the plan's all-reduce reserve per GPU under tensor "
+                                    "parallelism was measured with vLLM's custom all-reduce "
+                                    "buffers (v1/worker/gpu_worker.py "
+                                    "init_worker_distributed_environment)"),
+    "--enable-batch-sharded-sampling": ("each tensor-parallel rank samples a slice of the "
+                                        "batch (v1/worker/gpu/model_runner.py BatchSharder), "
+                                        "so the sampler's part of the profiled peak is not "
+                                        "the plan's"),
+    "--attention-config": _ATTN, "-ac": _ATTN,
+    "--kernel-config": _KERNEL, "--moe-backend": _KERNEL, "--linear-backend": _KERNEL,
+    "--enable-cumem-allocator": ("it puts the weights and the KV cache in CuMemAllocator's "
+                                 "pool, as sleep mode does (v1/worker/gpu_worker.py "
+                                 "_maybe_get_memory_pool_context)"),
+    "--enable-return-routed-experts": _ROUTED, "--aux-output-config": _ROUTED,
+    "--enable-trace-replay": ("it keeps a max_num_seqs x max_model_len int32 tensor on the "
+                              "GPU (v1/worker/gpu/sample/trace_replay.py TraceReplayState)"),
+    "--enable-prompt-embeds": ("it allocates a max_num_batched_tokens x hidden size "
+                               "embeddings buffer and per-request embedding state on the GPU "
+                               "(v1/worker/gpu/model_states/default.py)"),
+    "--use-replayssm": (_MAMBA + " (ReplaySSM adds ring buffers to each Mamba2 state: "
+                        "model_executor/layers/mamba/mamba_utils.py)"),
+    "--logits-processors": _CODE,
+    "--worker-cls": ("it replaces vLLM's GPU worker, which measures the memory and sizes the "
+                     "KV pool (v1/worker/worker_base.py; v1/worker/gpu_worker.py "
+                     "determine_available_memory)"),
+    "--model-class-overrides": ("it runs another model class than the one whose layers and "
+                                "KV cache specs the plan reads from config.json "
+                                "(config/model.py _maybe_register_model_class_overrides)"),
+    "--model-impl": ("the Transformers or TerraTorch implementation builds other layers than "
+                     "vLLM's, whose KV cache specs the plan follows (config/model.py model_impl)"),
+    "--config-format": ("'mistral' reads the model's params.json, not the config.json the "
+                        "plan reads (config/model.py config_format)"),
+    "--load-format": ("it decides where the weights come from: ipc_cache maps a daemon's GPU "
+                      "copy through CUDA IPC, the sharded formats read pre-sharded state dicts "
+                      "and skip maybe_untie_word_embeddings (model_executor/model_loader/"
+                      "__init__.py; config/vllm.py); the plan counts the model folder's files"),
+    "--enable-mm-embeds": ("vLLM sizes the encoder cache from the modalities it enables "
+                           "(multimodal/encoder_budget.py MultiModalBudget); the plan counts "
+                           "vLLM's defaults only"),
+    "--mm-processor-kwargs": _MM_TOKENS, "--video-pruning-rate": _MM_TOKENS,
+    "--mm-encoder-only": ("vLLM then loads the multimodal encoder's weights only "
+                          "(model_executor/model_loader/default_loader.py "
+                          "_init_mm_encoder_only_weight_filter); the plan counts the whole "
+                          "checkpoint's weights"),
+    "--mm-encoder-tp-mode": ("'data' keeps the encoder's whole weights on every GPU "
+                             "(config/multimodal.py mm_encoder_tp_mode); the plan shares all "
+                             "weights across the tensor-parallel GPUs"),
+    "--watermark": ("it keeps that fraction of the KV blocks free when admitting requests "
+                    "(v1/core/kv_cache_manager.py watermark_blocks): " + _CONCURRENCY),
+    "--max-num-active-seqs": ("it caps the running requests below max_num_seqs "
+                              "(config/scheduler.py max_num_active_seqs): " + _CONCURRENCY),
 }
 
 # flags the tuner reads from extra_args (its prediction follows them)
@@ -142,6 +240,100 @@ READ = {
     "--no-enable-prefix-caching": "no prefix caching",
     "--enable-chunked-prefill": "chunked prefill (the tuner's default: on)",
     "--no-enable-chunked-prefill": "no chunked prefill",
+}
+
+_ONLY_WITH = "it acts only with {}, which is refused"
+_DP_ONLY = _ONLY_WITH.format("data parallelism (--data-parallel-size)")
+_LORA_ONLY = _ONLY_WITH.format("LoRA (--enable-lora)")
+_SLEEP_ONLY = _ONLY_WITH.format("--enable-sleep-mode") + " (config/vllm.py use_cumem_cudagraph_pool; v1/worker/gpu_worker.py)"
+_DCP_ONLY = _ONLY_WITH.format("decode context parallelism")
+_FP8_VIT = ("with --mm-encoder-attn-dtype fp8 only (config/multimodal.py): a scale file for "
+            "the encoder's attention")
+_MAMBA_KERNEL = ("a kernel choice for the Mamba state update (config/mamba.py MambaConfig); "
+                 "the state's shape and dtype are unchanged")
+_LINEAR_KERNEL = ("selects a linear-attention kernel (model_executor/layers/mamba/gdn/"
+                  "qwen_gdn_linear_attn.py _resolve_gdn_prefill_backend, models/kimi_k3/"
+                  "nvidia/kda.py); the recurrent state is unchanged")
+
+# passed-through flag -> why it does not change what the plan computes (checked in vLLM
+# 0.32.0's code, paths in vllm/): notes for the names that suggest memory, not a class
+PASSED = {
+    "--dbo-decode-token-threshold": _ONLY_WITH.format("--enable-dbo or --ubatch-size") + " (v1/worker/ubatch_utils.py)",
+    "--dbo-prefill-token-threshold": _ONLY_WITH.format("--enable-dbo or --ubatch-size") + " (v1/worker/ubatch_utils.py)",
+    "--swa-bounded-replay": ("it acts on DeepSeek-V4.1's sliding-window cache only "
+                             "(models/deepseek_v41/attention.py), a model the tuner refuses"),
+    "--engram-config": ("DeepSeek-V4.1's Engram only (config/vllm.py "
+                        "_resolve_and_verify_engram_config), a model the tuner refuses"),
+    "--scheduler-reserve-full-isl": ("an admission check against the KV pool "
+                                     "(v1/core/sched/scheduler.py full_sequence_must_fit); the "
+                                     "pool and the blocks a request holds are unchanged"),
+    "--prefix-cache-retention-interval": ("which sliding-window and Mamba prefix-cache "
+                                          "checkpoints are kept (config/cache.py); the pool is "
+                                          "unchanged"),
+    "--prefix-match-unit": ("the granularity of prefix-cache hashes (v1/core/kv_cache_utils.py); "
+                            "the block size is unchanged"),
+    "--mamba-backend": ("selects the Mamba SSU kernel; the state's shape follows it only under "
+                        "--use-replayssm (model_executor/layers/mamba/mamba_utils.py), which is "
+                        "refused"),
+    "--replayssm-buffer-len": _ONLY_WITH.format("--use-replayssm") + " (config/cache.py)",
+    "--mamba-ssu-algorithm": _MAMBA_KERNEL,
+    "--enable-mamba-cache-stochastic-rounding": _MAMBA_KERNEL,
+    "--mamba-cache-philox-rounds": _MAMBA_KERNEL,
+    "--enable-mamba-shared-prefix-checkpoint": _ONLY_WITH.format("EAGLE speculative decoding") + " (config/cache.py)",
+    "--gdn-prefill-backend": _LINEAR_KERNEL, "--kda-prefill-backend": _LINEAR_KERNEL,
+    "--kda-decode-backend": _LINEAR_KERNEL,
+    "--additional-config": ("in vLLM 0.32.0 read only for the gdn/kda kernel choices "
+                            "(qwen_gdn_linear_attn.py, kimi_gdn_linear_attn.py, models/kimi_k3)"),
+    "--max-logprobs": ("a limit per request (sampling_params.py); the profile vLLM sizes the "
+                       "KV pool from samples without logprobs (v1/worker/gpu/model_runner.py "
+                       "_dummy_sampler_run)"),
+    "--logprobs-mode": "which logprobs a request gets; the profile samples without logprobs",
+    "--use-fp64-gumbel": ("float64 only inside the sampling kernel and for its per-block "
+                          "maxima (v1/worker/gpu/sample/gumbel.py)"),
+    "--return-sampling-mask": ("a per-step mask of the kept tokens, bounded by top_k "
+                               "(v1/worker/gpu/sample/sampler.py SamplingMaskTensors)"),
+    "--seed": "seeds the samplers' random generators (v1/worker/gpu_worker.py)",
+    "--max-num-queued-reqs": "a limit in the API server: requests over it get HTTP 503 (config/scheduler.py)",
+    "--max-num-queued-tokens": "a limit in the API server: requests over it get HTTP 503 (config/scheduler.py)",
+    "--long-prefill-token-threshold": ("caps a long prompt's chunk per step (config/scheduler.py); "
+                                       "max_num_batched_tokens still bounds the batch"),
+    "--disable-chunked-mm-input": ("refuses a multimodal item larger than max_num_batched_tokens "
+                                   "(v1/core/encoder_cache_manager.py compute_mm_encoder_budget)"),
+    "--mm-encoder-attn-dtype": ("fp8 encoder attention adds scale buffers of a few floats per "
+                                "layer (model_executor/layers/attention/mm_encoder_attention.py)"),
+    "--mm-encoder-fp8-scale-path": _FP8_VIT, "--mm-encoder-fp8-scale-save-path": _FP8_VIT,
+    "--mm-encoder-fp8-scale-save-margin": _FP8_VIT,
+    "--video-pruning-method": _ONLY_WITH.format("--video-pruning-rate") + " (config/multimodal.py)",
+    "--mm-processor-cache-type": "the processor cache in host memory (config/multimodal.py)",
+    "--mm-shm-cache-max-object-size-mb": "the processor cache in host shared memory (config/multimodal.py)",
+    "--watermark-config": ("it needs model runner V2, vLLM 0.32.0's default (config/vllm.py "
+                           "use_v2_model_runner); its state per request is small "
+                           "(v1/worker/gpu/sample/watermark.py)"),
+    "--enable-hc-sp": "Qwen4Exp at tensor parallel > 1 only (config/parallel.py enable_hc_sp)",
+    "--sleep-mode-offload-cudagraph": _SLEEP_ONLY, "--sleep-preserve-parameter-names": _SLEEP_ONLY,
+    "--enable-nccl-comm-suspend": _SLEEP_ONLY,
+    "--dcp-comm-backend": _DCP_ONLY, "--dcp-q-replicate": _DCP_ONLY,
+    "--specialize-active-lora": _LORA_ONLY, "--enable-mixed-moe-lora-format": _LORA_ONLY,
+    "--enable-moe-shared-loras": _LORA_ONLY, "--max-lora-cls-labels": _LORA_ONLY,
+    "--data-parallel-rank": _DP_ONLY, "--data-parallel-start-rank": _DP_ONLY,
+    "--data-parallel-address": _DP_ONLY, "--data-parallel-rpc-port": _DP_ONLY,
+    "--data-parallel-backend": _DP_ONLY, "--data-parallel-hybrid-lb": _DP_ONLY,
+    "--data-parallel-external-lb": _DP_ONLY, "--data-parallel-multi-port-external-lb": _DP_ONLY,
+    "--disable-nccl-for-dp-synchronization": _DP_ONLY, "--dp-sync-interval": _DP_ONLY,
+    "--expert-placement-strategy": ("which experts a GPU holds under expert parallelism, the "
+                                    "same number on each (config/parallel.py)"),
+    "--enable-ep-weight-filter": ("skips reading other ranks' experts at load "
+                                  "(model_executor/model_loader/default_loader.py); what a GPU "
+                                  "holds is unchanged"),
+    "--worker-extension-cls": ("adds methods to the worker and may not override one "
+                               "(v1/worker/worker_base.py)"),
+    "--pooler-config": ("how a pooling model's outputs are pooled, and chunking in the API "
+                        "server (config/pooler.py)"),
+    "--allow-deprecated-quantization": ("allows a deprecated method that config.json names, "
+                                        "which the tuner reads"),
+    "--kv-cache-metrics": "samples block lifetimes in the scheduler (v1/core/block_pool.py)",
+    "--cudagraph-metrics": "counts CUDA graph replays; captures nothing",
+    "--max-parallel-loading-workers": "host memory while loading (config/parallel.py)",
 }
 
 CLASSES = ("tuned", "server", "not modelled", "read", "passed through")
