@@ -12,8 +12,8 @@ argument this table does not know). Each falls in one class:
 - SERVER: vllm_server writes it (address, port, served name, key, shutdown); refused with
   the variable that sets it.
 - NOT_MODELLED: it changes the memory arithmetic (the KV pool, the weights per GPU, the
-  blocks) in a way the tuner does not compute, so its prediction would be wrong. Refused
-  by name, with why.
+  blocks, the profiled peak) or the concurrency the plan promises, in a way the tuner does
+  not compute, so its prediction would be wrong. Refused by name, with why.
 - READ: the tuner reads it from extra_args (and the prediction follows it).
 - everything else: passed through as given; not read by the tuner. They configure the
   API server, parsers, logging, loading, scheduling policy, observability, or features
@@ -111,6 +111,11 @@ _MM_TOKENS = ("it changes the tokens per image or video, from which vLLM sizes t
               "cache and the profiled encoder batch (multimodal/encoder_budget.py "
               "MultiModalBudget; v1/core/encoder_cache_manager.py compute_mm_encoder_budget); "
               "the plan counts vLLM's defaults only")
+_MM_ATTN = ("it chooses the multimodal encoder's attention kernel (fp8 runs cuDNN and pads "
+            "Q/K/V to a multiple of 16 per head), which decides the memory of the profiled "
+            "encoder batch (model_executor/models/vision.py get_vit_attn_backend, "
+            "get_fp8_padded_hidden_size; TORCH_SDPA in model_executor/layers/attention/"
+            "mm_encoder_attention.py); the plan counts vLLM's default")
 _CONCURRENCY = ("fewer requests would run than the plan's concurrency; set the option "
                 "target_concurrency instead")
 
@@ -218,6 +223,7 @@ NOT_MODELLED = {
                           "(model_executor/model_loader/default_loader.py "
                           "_init_mm_encoder_only_weight_filter); the plan counts the whole "
                           "checkpoint's weights"),
+    "--mm-encoder-attn-backend": _MM_ATTN, "--mm-encoder-attn-dtype": _MM_ATTN,
     "--mm-encoder-tp-mode": ("'data' keeps the encoder's whole weights on every GPU "
                              "(config/multimodal.py mm_encoder_tp_mode); the plan shares all "
                              "weights across the tensor-parallel GPUs"),
@@ -247,8 +253,8 @@ _DP_ONLY = _ONLY_WITH.format("data parallelism (--data-parallel-size)")
 _LORA_ONLY = _ONLY_WITH.format("LoRA (--enable-lora)")
 _SLEEP_ONLY = _ONLY_WITH.format("--enable-sleep-mode") + " (config/vllm.py use_cumem_cudagraph_pool; v1/worker/gpu_worker.py)"
 _DCP_ONLY = _ONLY_WITH.format("decode context parallelism")
-_FP8_VIT = ("with --mm-encoder-attn-dtype fp8 only (config/multimodal.py): a scale file for "
-            "the encoder's attention")
+_FP8_VIT = (_ONLY_WITH.format("--mm-encoder-attn-dtype fp8") + " (config/multimodal.py): "
+            "scales for the encoder's attention")
 _MAMBA_KERNEL = ("a kernel choice for the Mamba state update (config/mamba.py MambaConfig); "
                  "the state's shape and dtype are unchanged")
 _LINEAR_KERNEL = ("selects a linear-attention kernel (model_executor/layers/mamba/gdn/"
@@ -299,8 +305,6 @@ PASSED = {
                                        "max_num_batched_tokens still bounds the batch"),
     "--disable-chunked-mm-input": ("refuses a multimodal item larger than max_num_batched_tokens "
                                    "(v1/core/encoder_cache_manager.py compute_mm_encoder_budget)"),
-    "--mm-encoder-attn-dtype": ("fp8 encoder attention adds scale buffers of a few floats per "
-                                "layer (model_executor/layers/attention/mm_encoder_attention.py)"),
     "--mm-encoder-fp8-scale-path": _FP8_VIT, "--mm-encoder-fp8-scale-save-path": _FP8_VIT,
     "--mm-encoder-fp8-scale-save-margin": _FP8_VIT,
     "--video-pruning-method": _ONLY_WITH.format("--video-pruning-rate") + " (config/multimodal.py)",
@@ -331,8 +335,9 @@ PASSED = {
                         "server (config/pooler.py)"),
     "--allow-deprecated-quantization": ("allows a deprecated method that config.json names, "
                                         "which the tuner reads"),
-    "--kv-cache-metrics": "samples block lifetimes in the scheduler (v1/core/block_pool.py)",
-    "--cudagraph-metrics": "counts CUDA graph replays; captures nothing",
+    "--kv-cache-metrics": "tracks block residency in the scheduler (v1/core/block_pool.py)",
+    "--cudagraph-metrics": ("per-step CUDA graph statistics (v1/worker/gpu/model_runner.py "
+                            "make_cudagraph_stats); captures nothing"),
     "--max-parallel-loading-workers": "host memory while loading (config/parallel.py)",
 }
 
