@@ -172,7 +172,8 @@ NOT_MODELLED = {
     "--performance-mode": ("'interactivity' captures CUDA graphs at every batch size up to "
                            "32 (config/vllm.py, the default cudagraph_capture_sizes) and "
                            "'throughput' doubles the default batch sizes "
-                           "(engine/arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args); "
+                           "(engine/arg_utils.py "
+                           "_set_default_max_num_seqs_and_batched_tokens_args); "
                            "the plan models the default, 'balanced'"),
     "--enable-dbo": _DBO, "--ubatch-size": _DBO,
     "--all2all-backend": ("the expert-parallel all-to-all backend allocates its own "
@@ -251,7 +252,10 @@ READ = {
 _ONLY_WITH = "it acts only with {}, which is refused"
 _DP_ONLY = _ONLY_WITH.format("data parallelism (--data-parallel-size)")
 _LORA_ONLY = _ONLY_WITH.format("LoRA (--enable-lora)")
-_SLEEP_ONLY = _ONLY_WITH.format("--enable-sleep-mode") + " (config/vllm.py use_cumem_cudagraph_pool; v1/worker/gpu_worker.py)"
+_SLEEP_ONLY = (_ONLY_WITH.format("--enable-sleep-mode")
+               + " (config/vllm.py use_cumem_cudagraph_pool; v1/worker/gpu_worker.py)")
+_DBO_ONLY = _ONLY_WITH.format("--enable-dbo or --ubatch-size") + " (v1/worker/ubatch_utils.py)"
+_QUEUE = "a limit in the API server: requests over it get HTTP 503 (config/scheduler.py)"
 _DCP_ONLY = _ONLY_WITH.format("decode context parallelism")
 _FP8_VIT = (_ONLY_WITH.format("--mm-encoder-attn-dtype fp8") + " (config/multimodal.py): "
             "scales for the encoder's attention")
@@ -264,8 +268,7 @@ _LINEAR_KERNEL = ("selects a linear-attention kernel (model_executor/layers/mamb
 # passed-through flag -> why it does not change what the plan computes (checked in vLLM
 # 0.32.0's code, paths in vllm/): notes for the names that suggest memory, not a class
 PASSED = {
-    "--dbo-decode-token-threshold": _ONLY_WITH.format("--enable-dbo or --ubatch-size") + " (v1/worker/ubatch_utils.py)",
-    "--dbo-prefill-token-threshold": _ONLY_WITH.format("--enable-dbo or --ubatch-size") + " (v1/worker/ubatch_utils.py)",
+    "--dbo-decode-token-threshold": _DBO_ONLY, "--dbo-prefill-token-threshold": _DBO_ONLY,
     "--swa-bounded-replay": ("it acts on DeepSeek-V4.1's sliding-window cache only "
                              "(models/deepseek_v41/attention.py), a model the tuner refuses"),
     "--engram-config": ("DeepSeek-V4.1's Engram only (config/vllm.py "
@@ -285,7 +288,8 @@ PASSED = {
     "--mamba-ssu-algorithm": _MAMBA_KERNEL,
     "--enable-mamba-cache-stochastic-rounding": _MAMBA_KERNEL,
     "--mamba-cache-philox-rounds": _MAMBA_KERNEL,
-    "--enable-mamba-shared-prefix-checkpoint": _ONLY_WITH.format("EAGLE speculative decoding") + " (config/cache.py)",
+    "--enable-mamba-shared-prefix-checkpoint": (_ONLY_WITH.format("EAGLE speculative decoding")
+                                                + " (config/cache.py)"),
     "--gdn-prefill-backend": _LINEAR_KERNEL, "--kda-prefill-backend": _LINEAR_KERNEL,
     "--kda-decode-backend": _LINEAR_KERNEL,
     "--additional-config": ("in vLLM 0.32.0 read only for the gdn/kda kernel choices "
@@ -299,8 +303,7 @@ PASSED = {
     "--return-sampling-mask": ("a per-step mask of the kept tokens, bounded by top_k "
                                "(v1/worker/gpu/sample/sampler.py SamplingMaskTensors)"),
     "--seed": "seeds the samplers' random generators (v1/worker/gpu_worker.py)",
-    "--max-num-queued-reqs": "a limit in the API server: requests over it get HTTP 503 (config/scheduler.py)",
-    "--max-num-queued-tokens": "a limit in the API server: requests over it get HTTP 503 (config/scheduler.py)",
+    "--max-num-queued-reqs": _QUEUE, "--max-num-queued-tokens": _QUEUE,
     "--long-prefill-token-threshold": ("caps a long prompt's chunk per step (config/scheduler.py); "
                                        "max_num_batched_tokens still bounds the batch"),
     "--disable-chunked-mm-input": ("refuses a multimodal item larger than max_num_batched_tokens "
@@ -309,7 +312,8 @@ PASSED = {
     "--mm-encoder-fp8-scale-save-margin": _FP8_VIT,
     "--video-pruning-method": _ONLY_WITH.format("--video-pruning-rate") + " (config/multimodal.py)",
     "--mm-processor-cache-type": "the processor cache in host memory (config/multimodal.py)",
-    "--mm-shm-cache-max-object-size-mb": "the processor cache in host shared memory (config/multimodal.py)",
+    "--mm-shm-cache-max-object-size-mb": ("the processor cache in host shared memory "
+                                          "(config/multimodal.py)"),
     "--watermark-config": ("it needs model runner V2, vLLM 0.32.0's default (config/vllm.py "
                            "use_v2_model_runner); its state per request is small "
                            "(v1/worker/gpu/sample/watermark.py)"),
