@@ -72,8 +72,8 @@ SERVER = {
     "--headless": "nothing: gpufleet runs one API server per instance",
     "--api-server-count": "nothing: gpufleet runs one API server per instance",
     "-asc": "nothing: gpufleet runs one API server per instance",
-    "--device-ids": ("the model entry's GPU group: vllm_server gives the container its GPUs "
-                     "(serve.device_request) and the plan is for all of them"),
+    "--device-ids": ("the model entry's GPU group, which vllm_server gives the container "
+                     "(serve.device_request); the plan is for all of them"),
 }
 
 _PP = "pipeline parallelism is not modelled (issue #34 item 3)"
@@ -116,8 +116,7 @@ _MM_ATTN = ("it chooses the multimodal encoder's attention kernel (fp8 runs cuDN
             "encoder batch (model_executor/models/vision.py get_vit_attn_backend, "
             "get_fp8_padded_hidden_size; TORCH_SDPA in model_executor/layers/attention/"
             "mm_encoder_attention.py); the plan counts vLLM's default")
-_CONCURRENCY = ("fewer requests would run than the plan's concurrency; set the option "
-                "target_concurrency instead")
+_CONCURRENCY = "fewer requests would run at once than the option target_concurrency plans for"
 
 # flag -> why it is refused
 NOT_MODELLED = {
