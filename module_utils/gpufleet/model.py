@@ -186,6 +186,10 @@ KNOWN_MODEL_TYPES = {
     "smollm3",
     # InternVL 2.5 / 3 (InternVLChatModel) needs no entry: its llm_config is qwen2 (or
     # llama), read as the text config (TEXT_CONFIG_KEYS).
+    # Hybrid families described by their layer list (HYBRID_LAYER_LISTS, issue #34
+    # item 5): only a checkpoint whose every layer is attention is described; any
+    # other is refused naming the entry, before the table is looked at.
+    "granitemoehybrid", "lfm2", "lfm2_moe",
 } | ENCODER_ONLY_MODEL_TYPES
 # Families whose full-attention layers have their own head size and KV head count.
 # Gemma 4: vLLM 0.32.0 gemma4.py:577-587 builds each layer's Attention from
@@ -259,6 +263,11 @@ CONFIG_DEFAULTS.update({
                     "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
                     "max_position_embeddings": 131072, "sliding_window": 512,
                     "attention_k_eq_v": False},
+    # transformers 5.19 Lfm2Config (configuration_lfm2.py:63-64) and Lfm2MoeConfig
+    # (configuration_lfm2_moe.py:68, 73): 8 KV heads and 128,000 positions when
+    # config.json leaves them out (not one KV head per head).
+    "lfm2": {"num_key_value_heads": 8, "max_position_embeddings": 128_000},
+    "lfm2_moe": {"num_key_value_heads": 8, "max_position_embeddings": 128_000},
     # transformers 5.19 SmolLM3Config (configuration_smollm3.py:87): no window unless
     # use_sliding_window, whose default is false (the tuner's generic rule reads a
     # missing use_sliding_window as true).
@@ -331,6 +340,76 @@ SENTENCE_LENGTH_FILES = ("sentence_bert_config.json", "sentence_roberta_config.j
 # Layer types (config.json `layer_types`, transformers >= 4.53) the tuner understands.
 FULL_LAYER = "full_attention"
 SLIDING_LAYER = "sliding_attention"
+# transformers 5.19 configuration_utils.py:92-95 _LEGACY_LAYER_TYPE_REMAP, applied to
+# every config's layer_types at load (:398 remap_legacy_layer_types): "attention" is
+# read as full_attention ("mamba" becomes linear_attention, which stays refused).
+LEGACY_FULL_LAYER = "attention"
+
+# Hybrid families whose vLLM 0.32.0 model file builds each layer from one per-layer
+# field of the config, so that field decides the KV layout, not the family's name.
+# vLLM 0.32.0 config/model.py:2023-2031 ModelConfig.is_hybrid: an IsHybrid model is
+# not treated as hybrid when the (top-level) config's layer_types are all "attention"
+# or "full_attention" ("Handle granite-4.0-micro case which uses hybrid config but
+# does not actually contain any non-attention layers"); then no Mamba page alignment
+# runs (platforms/interface.py:786-787 _align_hybrid_block_size only if is_hybrid)
+# and every layer is a plain Attention, so the checkpoint is described as the
+# attention layout its fields give. Any other entry is refused naming it.
+# model_type: {
+#   "fields": the config.json names of the list, the one the config class reads first (an attribute_map name wins over the field's own, see
+#             CONFIG_ATTRIBUTE_MAP),
+#   "file": vLLM's model file and the lines that pick each layer's class,
+#   "other": what vLLM builds for an entry other than full attention,
+#   "lifts": UNMODELLED_STRUCTURES fields that only size those other layers, so they
+#            show nothing when no layer is one,
+#   "indices": a field of attention-layer indices the config class writes the list
+#            from when the file has none, or None,
+#   "default": what the config class writes when the file has neither (None: no list,
+#            which vLLM's model file cannot index)}
+HYBRID_LAYER_LISTS = {
+    # Granite 4.0 (GraniteMoeHybridForCausalLM, registry.py:127): granitemoehybrid.py:
+    # 322-325 ALL_DECODER_LAYER_TYPES has full_attention and linear_attention (Mamba2)
+    # only, :351 picks config.layer_types[layer_idx]; transformers 5.19
+    # GraniteMoeHybridConfig (configuration_granitemoehybrid.py:54) answers
+    # layers_block_type with layer_types, and (:106-107) writes every layer
+    # linear_attention when the file has no list. granite-4.0-micro / -350m / -1b
+    # name every layer "attention".
+    "granitemoehybrid": {
+        "fields": ("layers_block_type", "layer_types"),
+        "file": "granitemoehybrid.py:322-325, 351",
+        "other": {"mamba": "a Mamba2 layer (GraniteMoeHybridMambaDecoderLayer), which "
+                  "keeps a recurrent state per request, not a KV cache",
+                  "linear_attention": "a Mamba2 layer (GraniteMoeHybridMambaDecoderLayer), "
+                  "which keeps a recurrent state per request, not a KV cache"},
+        "lifts": ("mamba_d_state",),
+        "indices": None,
+        "default": "linear_attention",
+    },
+    # LFM2 (Lfm2ForCausalLM, registry.py:146): lfm2.py:331-333 builds
+    # Lfm2AttentionDecoderLayer where layer_types[i] == "full_attention", else
+    # Lfm2ShortConvDecoderLayer (a conv state per request). transformers 5.19
+    # Lfm2Config (configuration_lfm2.py:82-88) writes layer_types from full_attn_idxs
+    # when the file has none, and every layer full_attention when it has neither.
+    "lfm2": {
+        "fields": ("layer_types",),
+        "file": "lfm2.py:331-333",
+        "other": {None: "a short-convolution layer (Lfm2ShortConvDecoderLayer), which "
+                  "keeps a conv state per request, not a KV cache"},
+        "lifts": (),
+        "indices": "full_attn_idxs",
+        "default": FULL_LAYER,
+    },
+    # LFM2-MoE (Lfm2MoeForCausalLM, registry.py:147): lfm2_moe.py:433-437, the same
+    # rule; Lfm2MoeConfig (configuration_lfm2_moe.py:83-87) writes no list.
+    "lfm2_moe": {
+        "fields": ("layer_types",),
+        "file": "lfm2_moe.py:433-437",
+        "other": {None: "a short-convolution layer (Lfm2MoeShortConvDecoderLayer), "
+                  "which keeps a conv state per request, not a KV cache"},
+        "lifts": (),
+        "indices": None,
+        "default": None,
+    },
+}
 
 # Context keys vLLM 0.32.0 compares (model_arch_config_convertor.py:396-413).
 MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
@@ -460,17 +539,87 @@ def _structure_facts(field, value, text):
     return repr(value)
 
 
+def _hybrid_layer_list(text, model_type, wrapped, source):
+    """For HYBRID_LAYER_LISTS families: the config with its layer list read as vLLM
+    reads it, when every layer is full attention (the fields that only size the other
+    layers dropped, layer_types written out); else UnsupportedModelError naming the
+    first entry that is not. Other families' configs are returned as they are."""
+    spec = HYBRID_LAYER_LISTS.get(model_type)
+    if spec is None:
+        return text
+    num_layers = _positive_int(_first(text, "num_hidden_layers"), "num_hidden_layers",
+                               source)
+    field = next((f for f in spec["fields"] if text.get(f) is not None), None)
+    indices = spec["indices"]
+    how = ""
+    if field is not None:
+        layers = text[field]
+        if not isinstance(layers, list) or len(layers) != num_layers:
+            raise ModelError(f"{source}: {field} is {layers!r}; it must be a list with "
+                             f"one entry per layer ({num_layers})")
+    elif indices is not None and text.get(indices) is not None:
+        picked = text[indices]
+        if not isinstance(picked, list) or not all(_is_int(i) for i in picked):
+            raise ModelError(f"{source}: {indices} is {picked!r}; it must be a list of "
+                             "layer indices")
+        field = "layer_types"
+        layers = [FULL_LAYER if i in picked else "conv" for i in range(num_layers)]
+        how = f", written by the config class from {indices} {picked}"
+    elif spec["default"] is not None:
+        field = "layer_types"
+        layers = [spec["default"]] * num_layers
+        how = (f", written by the config class, config.json having no "
+               f"{' or '.join(spec['fields'] + ((indices,) if indices else ()))}")
+    else:
+        raise UnsupportedModelError(
+            f"{source}: {model_type} has no layer_types; vLLM's {spec['file']} builds "
+            "each layer from that list, which this config class does not write. Name "
+            "the layers in config.json, or run vLLM once with --kv-cache-memory-bytes "
+            "and read its 'KV cache size' line instead.")
+    others = [(i, k) for i, k in enumerate(layers) if k not in (FULL_LAYER, LEGACY_FULL_LAYER)]
+    if others:
+        i, entry = others[0]
+        what = spec["other"].get(entry, spec["other"].get(None)) or (
+            f"no layer class vLLM's {spec['file'].split(':')[0]} has (it builds "
+            "full_attention and linear_attention layers only)")
+        kinds = [str(k) for _, k in others]
+        counts = ", ".join(f"{kinds.count(k)} x {k}" for k in sorted(set(kinds)))
+        raise UnsupportedModelError(
+            f"{source}: {field} has {counts} of {num_layers} layers{how}; "
+            f"{field}[{i}] is {entry!r}: {what} (vLLM 0.32.0 {spec['file']}). "
+            "gpufleet's tuner models this family only when every layer is full "
+            "attention; run vLLM once with --kv-cache-memory-bytes and read its 'KV "
+            "cache size' line instead.")
+    if wrapped:
+        raise UnsupportedModelError(
+            f"{source}: every entry of the text config's {field} is attention, but vLLM "
+            "0.32.0 decides whether a model is hybrid from the top-level config's "
+            "layer_types (config/model.py:2023-2031 ModelConfig.is_hybrid), which a "
+            "multimodal wrapper does not have: vLLM still aligns the attention block "
+            "size to a Mamba/conv state page (platforms/interface.py:786-787 "
+            "_align_hybrid_block_size), "
+            "which gpufleet's tuner does not model. Run vLLM once with "
+            "--kv-cache-memory-bytes and read its 'KV cache size' line instead.")
+    dropped = set(spec["fields"]) | set(spec["lifts"]) | {indices}
+    out = {k: v for k, v in text.items() if k not in dropped}
+    out["layer_types"] = [FULL_LAYER] * num_layers
+    return out
+
+
 def _refuse_unmodelled(text):
     """UnsupportedModelError naming the field, if the config shows a structure the
     tuner does not model; called before the model_type is looked at."""
     layer_types = text.get("layer_types")
     if isinstance(layer_types, list):
-        other = sorted({str(k) for k in layer_types} - {FULL_LAYER, SLIDING_LAYER})
+        modelled = {FULL_LAYER, SLIDING_LAYER, LEGACY_FULL_LAYER}
+        other = sorted({str(k) for k in layer_types} - modelled)
         if other:
             counts = ", ".join(f"{layer_types.count(k)} x {k}" for k in other)
+            first = next(i for i, k in enumerate(layer_types) if str(k) not in modelled)
             raise UnsupportedModelError(
                 f"layer_types has {counts} (e.g. Mamba or linear attention layers, "
-                "which keep a recurrent state per request, not a KV cache); gpufleet's "
+                "which keep a recurrent state per request, not a KV cache; the first, "
+                f"layer_types[{first}], is {layer_types[first]!r}); gpufleet's "
                 "tuner models only full_attention and sliding_attention layers. Run "
                 "vLLM once with --kv-cache-memory-bytes and read its 'KV cache size' "
                 "line instead.")
@@ -709,7 +858,7 @@ def _layer_kinds(cfg, num_layers, model_type):
                              f"{num_layers} layers")
         kinds = []
         for kind in layer_types:
-            if kind == FULL_LAYER:
+            if kind in (FULL_LAYER, LEGACY_FULL_LAYER):
                 kinds.append("full")
             else:  # _refuse_unmodelled let only full and sliding layers through
                 if not window:
@@ -798,6 +947,7 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
                 "instead.") from None
         _refuse_unmodelled({k: v for k, v in text.items() if k != "index_topk"})
     else:
+        text = _hybrid_layer_list(text, model_type, text is not cfg, source)
         _refuse_unmodelled(text)
     defaults = CONFIG_DEFAULTS.get(model_type, {})
     if text is not cfg:
@@ -833,6 +983,15 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         # hidden_size // num_attention_heads whatever config.json says, and vLLM 0.32.0
         # commandr.py:186-189 reads that attribute.
         text.pop("head_dim", None)
+    if model_type in HYBRID_LAYER_LISTS:
+        # vLLM 0.32.0 granitemoehybrid.py:241, lfm2.py:124, lfm2_moe.py:205: the head
+        # size is hidden_size // num_attention_heads, whatever head_dim says.
+        text.pop("head_dim", None)
+        if text.get("num_local_experts") == 0:
+            # granitemoehybrid.py:168: experts only when num_local_experts > 0 (the
+            # dense Granite 4.0 checkpoints write 0 experts, 0 per token).
+            text.pop("num_local_experts")
+            text.pop("num_experts_per_tok", None)
     if model_type == "chatglm" and not text.get("multi_query_attention"):
         # vLLM 0.32.0 chatglm.py:61-65: multi_query_group_num KV heads only with
         # multi_query_attention (ChatGLMConfig's default is false), else one per head.
