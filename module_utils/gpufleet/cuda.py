@@ -1003,26 +1003,23 @@ def _check(driver_version, compute_capabilities=(), cuda_version=None, require_c
     #    so when it refuses, no compatibility mode matters.
     gate_ok, unsatisfied, unknown = _toolkit_gate(requirements, ccs, driver_version,
                                                   driver_cuda, toolkit_brand)
-    if unknown is not None:
-        reasons.append(
-            f"nvidia-container-cli refuses to start the container on driver {driver_version} "
-            f"with a {toolkit_brand} GPU: \"requirement error: invalid expression\". It reads "
-            f"the term {unknown.term!r} of NVIDIA_REQUIRE_* {unknown.whole!r}, a condition on "
-            f"{unknown.name!r}, and knows only the properties {', '.join(_RULES)} "
-            "(libnvidia-container src/cli/dsl.c evaluate_rule). NVIDIA's Go requirements "
-            "parser would skip the term (nvidia-container-toolkit factory_test.go 'unsupported "
-            "property is ignored'), but docker --gpus does not use it (only the runtime's "
-            "CSV mode on Tegra does).")
-        if mode in ("minor_version", "forward_compat"):
-            runtime_reason = "Were the container started, this would apply: " + runtime_reason
-        reasons.append(runtime_reason)
-        mode = "incompatible"
-    elif not gate_ok:
-        reasons.append(
-            f"nvidia-container-cli refuses to start the container on driver {driver_version} "
-            f"with a {toolkit_brand} GPU: \"requirement error: {unsatisfied}\". This check runs "
-            "before any CUDA code, so minor-version or forward compatibility cannot help "
-            "unless the image's requirement admits this driver.")
+    if unknown is not None or not gate_ok:
+        refused = (f"nvidia-container-cli refuses to start the container on driver "
+                   f"{driver_version} with a {toolkit_brand} GPU: \"requirement error: ")
+        if unknown is not None:
+            reasons.append(
+                refused + f"invalid expression\". It reads the term {unknown.term!r} of "
+                f"NVIDIA_REQUIRE_* {unknown.whole!r}, a condition on {unknown.name!r}, and "
+                f"knows only the properties {', '.join(_RULES)} (libnvidia-container "
+                "src/cli/dsl.c evaluate_rule). NVIDIA's Go requirements parser would skip the "
+                "term (nvidia-container-toolkit factory_test.go 'unsupported property is "
+                "ignored'), but docker --gpus does not use it (only the runtime's CSV mode on "
+                "Tegra does).")
+        else:
+            reasons.append(
+                refused + f"{unsatisfied}\". This check runs before any CUDA code, so "
+                "minor-version or forward compatibility cannot help unless the image's "
+                "requirement admits this driver.")
         if mode in ("minor_version", "forward_compat"):
             runtime_reason = "Were the container started, this would apply: " + runtime_reason
         reasons.append(runtime_reason)
