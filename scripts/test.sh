@@ -183,5 +183,9 @@ stage "pytest: slow tests on the lab (the whole lab, alone)"
 # less, so they are back here.) Each stage above
 # prints its start; pytest's --durations gives each case's time.
 # -s: the load totals (requests sent and failed) are printed.
-pytest -q -s --durations=30 -m "slow and lab" tests
+# Case (f), the key rotation over the whole lab (two full rollouts, about 5.5 min), runs by
+# hand until the orchestration cases move to stand-ins and make room (issue #31 item 11):
+# with it the run would pass 55 minutes. Its last result is in the issue's note.
+pytest -q -s --durations=30 -m "slow and lab" tests \
+  --deselect tests/slow/test_upgrade_under_load.py::test_f_a_key_rotation_in_two_runs_fails_no_request_with_a_valid_key
 stage "done"

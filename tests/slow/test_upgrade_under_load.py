@@ -19,7 +19,10 @@ all: the lab run, its second run, check mode, the site.yml refusal, the control 
 image change, (d) the bad canary, (e) the driver branch with reboots, (g) the controller killed after
 a drain, HAProxy reloaded while the host is out, and the next run resuming, (h) two runs
 started at once, and (c) the model revision; the front door's route table (every route of the running vLLM, keyless, straight
-and through the gateway) runs right after the lab run. A case picked alone (-k) finds the state the lab run left, not the one the
+and through the gateway) runs right after the lab run. (f), the key rotation over the whole
+lab, runs by hand for now (about 5.5 min: scripts/test.sh deselects it until the
+orchestration cases move to stand-ins and make room in CI, issue #31 item 11):
+  GPUFLEET_NO_SKIP=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py -k test_f_ A case picked alone (-k) finds the state the lab run left, not the one the
 case before it left: run the file whole.
   GPUFLEET_NO_SKIP=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
 """
@@ -351,7 +354,11 @@ def test_f_a_key_rotation_in_two_runs_fails_no_request_with_a_valid_key(lab):
     401 and the new one 200, through the gateway and straight."""
     import secrets
     old, new = key(), "rotated-" + secrets.token_urlsafe(24)
-    serving = {h: {"vllm_server_api_key": new, "vllm_server_api_keys_retiring": [old]}
+    # lab-a100 serves the lab's only MiniLM instance: replacing it is an outage of that
+    # model whatever the change (the capacity gate refuses it otherwise), accepted here
+    # for it alone; the load is on the chat model, served by two hosts
+    serving = {h: {"vllm_server_api_key": new, "vllm_server_api_keys_retiring": [old],
+                   **({"fleet_upgrade_allow_downtime": True} if h == "lab-a100" else {})}
                for h in SERVING}
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     # the control: the new key alone is refused on the canary, nothing drained or replaced
@@ -372,7 +379,8 @@ def test_f_a_key_rotation_in_two_runs_fails_no_request_with_a_valid_key(lab):
     # run 2: the lab's key file holds the new key (every later case uses it), none retiring
     (ROOT / ".cache/lab/api-key").write_text(new + "\n")
     (rc, out), totals = under_load(GATEWAY, lambda: playbook(
-        "playbooks/upgrade.yml", None, limit=None, extra=FAST))
+        "playbooks/upgrade.yml", None, limit=None, extra=FAST,
+        hosts={"lab-a100": {"fleet_upgrade_allow_downtime": True}}))
     assert rc == 0, why(out)
     assert totals["failed"] == 0 and totals["sent"] >= 20, totals
     end = _keys_everywhere(old, new)
@@ -387,7 +395,10 @@ def test_f_a_key_rotation_in_two_runs_fails_no_request_with_a_valid_key(lab):
         assert old not in json.dumps(config) and new not in json.dumps(config), host
         ps = host_sh(host, "ps -eo args")
         assert new not in ps and old not in ps, host
-        files = host_sh(host, "stat -c '%a %U %n' /etc/gpufleet/vllm-auth/*.yaml").split("\n")
+        # the lab's vllm_server_auth_dir (inventories/lab/group_vars/gpu_hosts): the old
+        # set's file is gone, the new one is root's alone
+        files = host_sh(host, f"stat -c '%a %U %n' /var/lib/gpufleet-lab/{host}/vllm-auth/*.yaml"
+                        ).split("\n")
         assert [f.split()[:2] for f in files if f] == [["600", "root"]], files
     assert new not in out and old not in out
 
