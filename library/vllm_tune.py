@@ -106,6 +106,17 @@ options:
         vLLM's divisibility rules and refused when invalid.
     type: raw
     default: auto
+  pipeline_parallel_size:
+    description:
+      - Pipeline stages on this host's GPUs; each instance takes O(tensor_parallel_size) x
+        O(pipeline_parallel_size) GPUs, which must fit the host (refused otherwise).
+      - Above 1 the plan splits the layers as vLLM does (get_pp_indices), gives the first
+        stage the embedding and the last the lm_head, sizes each stage's KV cache from its
+        own layers and takes the tightest stage's blocks, and emits
+        C(--pipeline-parallel-size). Not planned for DeepSeek-V4, Gemma 4, pooling or
+        encoder-only models, nor the CPU target.
+    type: int
+    default: 1
   dtype:
     description:
       - Model dtype to serve. C(auto) picks bfloat16 on compute capability 8.0 or newer,
@@ -155,7 +166,7 @@ options:
         docs/tuning.md). Refused, with what sets it instead, is one this module sets
         (C(--max-model-len), C(--max-num-batched-tokens), C(--block-size), ...), one
         vllm_server sets (C(--port), C(--served-model-name), ...) and one whose memory
-        this module does not model (C(--pipeline-parallel-size), C(--speculative-config),
+        this module does not model (C(--speculative-config),
         C(--quantization), LoRA, offloading, ...). C(--enforce-eager),
         C(--[no-]enable-prefix-caching) and C(--[no-]enable-chunked-prefill) are read
         into RV(settings).
@@ -284,6 +295,7 @@ def main():
             kv_cache_memory_bytes=dict(type="int"),
             vllm_version=dict(type="str", default=DEFAULT_VLLM_VERSION),
             tensor_parallel_size=dict(type="raw", default="auto"),
+            pipeline_parallel_size=dict(type="int", default=1),
             dtype=dict(type="str", default="auto",
                        choices=["auto", "bfloat16", "float16", "float32"]),
             allow_long_context=dict(type="bool", default=False),
@@ -347,7 +359,8 @@ def main():
             tensor_parallel_size=p["tensor_parallel_size"], dtype=p["dtype"],
             allow_long_context=p["allow_long_context"],
             overhead_bytes=p["overhead_bytes"], enforce_eager=p["enforce_eager"],
-            block_size=p["block_size"], expert_parallel=p["expert_parallel"])
+            block_size=p["block_size"], expert_parallel=p["expert_parallel"],
+            pipeline_parallel_size=p["pipeline_parallel_size"])
     except NoFitError as exc:
         module.fail_json(msg=str(exc), changed=False, model=model_summary(model),
                          **exc.result)
