@@ -20,6 +20,10 @@ vllm/v1/worker/gpu_worker.py):
   get_kv_cache_capacity: the logged "KV cache size" is int(max_concurrency *
   max_model_len) in vLLM 0.32.0, which is not num_blocks * block_size when
   max_model_len is not a multiple of the block size: measured, docs/lab-vllm.md).
+- Pipeline parallelism (one host): vllm/distributed/utils.py get_pp_indices splits the
+  layers; get_kv_cache_configs projects the whole model's groups onto each stage and
+  gives every worker the smallest num_blocks (pp_layer_ranges, pp_stage_layout,
+  _evaluate_pp; checked against vLLM 0.32.0 in tests/unit/test_tune_pipeline_parallel.py).
 - Budget: vllm/v1/worker/gpu_worker.py determine_available_memory:
   total * gpu_memory_utilization - peak memory (weights + activations + non-torch).
   The activation/graph part is an estimate here (estimate_overhead_bytes), see
@@ -125,7 +129,8 @@ CUDA_GRAPH_BYTES = int(0.5 * GiB)
 # every family (vllm/config/vllm.py): VllmConfig.max_in_flight_tokens =
 # max_concurrent_batches x max_num_batched_tokens, and max_concurrent_batches is 2 with
 # async scheduling at pipeline size 1 (pp_size + 1 on the V2 model runner, 2 on V1),
-# else the pipeline size (1: gpufleet plans no pipeline parallelism). Async scheduling
+# else the pipeline size (in_flight_tokens: pp + 1 with async scheduling at pp > 1, as on
+# the V2 runner vLLM picks on CUDA; tests/differential/pp_vllm.py). Async scheduling
 # (SchedulerConfig.async_scheduling, None unless --async-scheduling or
 # --no-async-scheduling) is switched on by VllmConfig.__post_init__ unless the model is
 # a pooling model (or speculative decoding of a non-EAGLE kind, an executor without it,
