@@ -222,12 +222,12 @@ args:
 settings:
   description:
     - Each chosen value, with C(target) (gpu or cpu), C(tensor_parallel_size),
-      C(replicas) (independent instances this host can run), C(max_model_len),
+      C(pipeline_parallel_size), C(replicas) (independent instances this host can run), C(max_model_len),
       C(max_num_seqs), C(max_num_batched_tokens), C(kv_cache_dtype), C(dtype),
       C(block_size), C(gpu_memory_utilization), C(kv_cache_memory_bytes), C(runner),
       C(convert), C(enable_prefix_caching), C(enable_chunked_prefill), C(enforce_eager),
       C(enable_expert_parallel),
-      C(docker) (for example C(ipc_mode=host) when tensor parallel) and C(env).
+      C(docker) (for example C(ipc_mode=host) when tensor or pipeline parallel) and C(env).
   returned: success
   type: dict
 prediction:
@@ -242,6 +242,11 @@ prediction:
       size, window, layers and bytes per block), C(bytes_per_block),
       C(blocks_per_request) and C(fixed_blocks_per_request) (the part that does not
       grow with context).
+    - With O(pipeline_parallel_size) above 1, C(pipeline_stages) (each stage's
+      C(layers) [start, end), C(weights_bytes_per_gpu), C(kv_cache_bytes),
+      C(bytes_per_block) and C(num_blocks)); C(weights_bytes_per_gpu),
+      C(kv_cache_bytes) and C(num_blocks) are then the tightest stage's, whose blocks vLLM
+      gives every stage.
   returned: success
   type: dict
 reasons:

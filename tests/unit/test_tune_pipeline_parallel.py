@@ -221,3 +221,12 @@ def test_extra_args_pp_is_refused_naming_the_option():
     for flag in ("--pipeline-parallel-size", "-pp"):
         assert engine_args.classify(flag) == "tuned"
         assert "the option pipeline_parallel_size" in engine_args.refusal(flag)
+
+
+def test_nothing_fits_names_tp_times_pp_gpus():
+    a10g = [{"memory_total_mib": 24000, "compute_capability": "8.6", "name": "A10G",
+             "memory_reserved_mib": 500}]
+    with pytest.raises(tune.NoFitError) as err:
+        tune.plan(_llama70(), a10g * 2, pipeline_parallel_size=2)
+    assert err.value.nearest == {"gpus_needed": 16}
+    assert "tensor_parallel_size 8 x pipeline_parallel_size 2" in str(err.value)
