@@ -106,6 +106,17 @@ options:
         vLLM's divisibility rules and refused when invalid.
     type: raw
     default: auto
+  pipeline_parallel_size:
+    description:
+      - Pipeline stages on this host's GPUs; each instance takes O(tensor_parallel_size) x
+        O(pipeline_parallel_size) GPUs, which must fit the host (refused otherwise).
+      - Above 1 the plan splits the layers as vLLM does (get_pp_indices), gives the first
+        stage the embedding and the last the lm_head, sizes each stage's KV cache from its
+        own layers and takes the tightest stage's blocks, and emits
+        C(--pipeline-parallel-size). Not planned for DeepSeek-V4, Gemma 4, pooling or
+        encoder-only models, nor the CPU target.
+    type: int
+    default: 1
   dtype:
     description:
       - Model dtype to serve. C(auto) picks bfloat16 on compute capability 8.0 or newer,
@@ -155,7 +166,7 @@ options:
         docs/tuning.md). Refused, with what sets it instead, is one this module sets
         (C(--max-model-len), C(--max-num-batched-tokens), C(--block-size), ...), one
         vllm_server sets (C(--port), C(--served-model-name), ...) and one whose memory
-        this module does not model (C(--pipeline-parallel-size), C(--speculative-config),
+        this module does not model (C(--speculative-config),
         C(--quantization), LoRA, offloading, ...). C(--enforce-eager),
         C(--[no-]enable-prefix-caching) and C(--[no-]enable-chunked-prefill) are read
         into RV(settings).
@@ -211,12 +222,12 @@ args:
 settings:
   description:
     - Each chosen value, with C(target) (gpu or cpu), C(tensor_parallel_size),
-      C(replicas) (independent instances this host can run), C(max_model_len),
+      C(pipeline_parallel_size), C(replicas) (independent instances this host can run), C(max_model_len),
       C(max_num_seqs), C(max_num_batched_tokens), C(kv_cache_dtype), C(dtype),
       C(block_size), C(gpu_memory_utilization), C(kv_cache_memory_bytes), C(runner),
       C(convert), C(enable_prefix_caching), C(enable_chunked_prefill), C(enforce_eager),
       C(enable_expert_parallel),
-      C(docker) (for example C(ipc_mode=host) when tensor parallel) and C(env).
+      C(docker) (for example C(ipc_mode=host) when tensor or pipeline parallel) and C(env).
   returned: success
   type: dict
 prediction:
@@ -231,6 +242,11 @@ prediction:
       size, window, layers and bytes per block), C(bytes_per_block),
       C(blocks_per_request) and C(fixed_blocks_per_request) (the part that does not
       grow with context).
+    - With O(pipeline_parallel_size) above 1, C(pipeline_stages) (each stage's
+      C(layers) [start, end), C(weights_bytes_per_gpu), C(kv_cache_bytes),
+      C(bytes_per_block) and C(num_blocks)); C(weights_bytes_per_gpu),
+      C(kv_cache_bytes) and C(num_blocks) are then the tightest stage's, whose blocks vLLM
+      gives every stage.
   returned: success
   type: dict
 reasons:
@@ -284,6 +300,7 @@ def main():
             kv_cache_memory_bytes=dict(type="int"),
             vllm_version=dict(type="str", default=DEFAULT_VLLM_VERSION),
             tensor_parallel_size=dict(type="raw", default="auto"),
+            pipeline_parallel_size=dict(type="int", default=1),
             dtype=dict(type="str", default="auto",
                        choices=["auto", "bfloat16", "float16", "float32"]),
             allow_long_context=dict(type="bool", default=False),
@@ -347,7 +364,8 @@ def main():
             tensor_parallel_size=p["tensor_parallel_size"], dtype=p["dtype"],
             allow_long_context=p["allow_long_context"],
             overhead_bytes=p["overhead_bytes"], enforce_eager=p["enforce_eager"],
-            block_size=p["block_size"], expert_parallel=p["expert_parallel"])
+            block_size=p["block_size"], expert_parallel=p["expert_parallel"],
+            pipeline_parallel_size=p["pipeline_parallel_size"])
     except NoFitError as exc:
         module.fail_json(msg=str(exc), changed=False, model=model_summary(model),
                          **exc.result)

@@ -40,6 +40,9 @@ __all__ = ["TUNED", "SERVER", "NOT_MODELLED", "READ", "PASSED", "CLASSES", "HF_O
 # flag -> the vllm_tune option (or what) sets it
 TUNED = {
     "--tensor-parallel-size": "the option tensor_parallel_size", "-tp": "the option tensor_parallel_size",
+    # issue #34 item 3: planned per stage (tune.py _evaluate_pp), no longer "not modelled"
+    "--pipeline-parallel-size": "the option pipeline_parallel_size",
+    "-pp": "the option pipeline_parallel_size",
     "--max-model-len": "the option max_model_len",
     "--max-num-seqs": "the option target_concurrency",
     "--max-num-batched-tokens": "the tuner (settings.max_num_batched_tokens, from max_model_len)",
@@ -76,7 +79,6 @@ SERVER = {
                      "(serve.device_request); the plan is for all of them"),
 }
 
-_PP = "pipeline parallelism is not modelled (issue #34 item 3)"
 _SPEC = "speculative decoding is not modelled (issue #34 item 2)"
 _DP = ("data parallelism in one container is not modelled: gpufleet runs one instance per "
        "GPU group (the model entry's replicas)")
@@ -120,7 +122,6 @@ _CONCURRENCY = "fewer requests would run at once than the option target_concurre
 
 # flag -> why it is refused
 NOT_MODELLED = {
-    "--pipeline-parallel-size": _PP, "-pp": _PP,
     "--speculative-config": _SPEC, "-sc": _SPEC, "--spec-method": _SPEC,
     "--spec-model": _SPEC, "--spec-tokens": _SPEC,
     "--data-parallel-size": _DP, "-dp": _DP, "--data-parallel-size-local": _DP, "-dpl": _DP,

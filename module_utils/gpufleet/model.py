@@ -1135,6 +1135,10 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "hidden_size": hidden,
         "intermediate_size": text.get("intermediate_size"),
         "vocab_size": text.get("vocab_size"),
+        # whether lm_head is the input embedding (one vocab x hidden matrix in the
+        # checkpoint, not two); None when config.json does not say
+        "tie_word_embeddings": text.get("tie_word_embeddings",
+                                        cfg.get("tie_word_embeddings")),
         "max_position_embeddings": max_pos,
         # a model folder's sentence-transformers max_seq_length (describe_model_dir)
         "sentence_max_seq_length": None,

@@ -444,7 +444,8 @@ def _device_groups(gpu_indexes, tp, replicas_allowed, runtime):
     if runtime == "none" or not gpu_indexes:
         return [[]]
     if tp > len(gpu_indexes):
-        raise PlanError(f"tensor_parallel_size {tp} needs {tp} GPUs but the model may use "
+        raise PlanError(f"tensor_parallel_size (x pipeline_parallel_size) {tp} needs {tp} "
+                        f"GPUs but the model may use "
                         f"{len(gpu_indexes)} ({gpu_indexes})")
     count = len(gpu_indexes) // tp if replicas_allowed else 1
     return [gpu_indexes[i * tp:(i + 1) * tp] for i in range(count)]
@@ -544,7 +545,9 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             raise PlanError(f"every vllm_server_models entry needs `{key}` (got {model!r})")
     settings = tune.get("settings") or {}
     args = list(tune.get("args") or [])
-    tp = int(settings.get("tensor_parallel_size") or 1)
+    # one instance takes tensor x pipeline parallel size GPUs (vllm_tune's settings)
+    tp = int(settings.get("tensor_parallel_size") or 1) * int(
+        settings.get("pipeline_parallel_size") or 1)
     indexes = [int(i) for i in (model.get("gpus") if model.get("gpus") is not None
                                 else gpu_indexes)]
     replicas_allowed = bool(model.get("replicas", allow_replicas))

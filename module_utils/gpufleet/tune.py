@@ -20,6 +20,10 @@ vllm/v1/worker/gpu_worker.py):
   get_kv_cache_capacity: the logged "KV cache size" is int(max_concurrency *
   max_model_len) in vLLM 0.32.0, which is not num_blocks * block_size when
   max_model_len is not a multiple of the block size: measured, docs/lab-vllm.md).
+- Pipeline parallelism (one host): vllm/distributed/utils.py get_pp_indices splits the
+  layers; get_kv_cache_configs projects the whole model's groups onto each stage and
+  gives every worker the smallest num_blocks (pp_layer_ranges, pp_stage_layout,
+  _evaluate_pp; checked against vLLM 0.32.0 in tests/unit/test_tune_pipeline_parallel.py).
 - Budget: vllm/v1/worker/gpu_worker.py determine_available_memory:
   total * gpu_memory_utilization - peak memory (weights + activations + non-torch).
   The activation/graph part is an estimate here (estimate_overhead_bytes), see
@@ -125,7 +129,8 @@ CUDA_GRAPH_BYTES = int(0.5 * GiB)
 # every family (vllm/config/vllm.py): VllmConfig.max_in_flight_tokens =
 # max_concurrent_batches x max_num_batched_tokens, and max_concurrent_batches is 2 with
 # async scheduling at pipeline size 1 (pp_size + 1 on the V2 model runner, 2 on V1),
-# else the pipeline size (1: gpufleet plans no pipeline parallelism). Async scheduling
+# else the pipeline size (in_flight_tokens: pp + 1 with async scheduling at pp > 1, as on
+# the V2 runner vLLM picks on CUDA; tests/differential/pp_vllm.py). Async scheduling
 # (SchedulerConfig.async_scheduling, None unless --async-scheduling or
 # --no-async-scheduling) is switched on by VllmConfig.__post_init__ unless the model is
 # a pooling model (or speculative decoding of a non-EAGLE kind, an executor without it,
@@ -212,7 +217,14 @@ def in_flight_tokens(layout, max_num_batched_tokens):
     max_admission_blocks_per_request). 2 x max_num_batched_tokens with async
     scheduling (a generative model on a GPU), 1 x without (the CPU backend, pooling
     models). The one rule for every family, DeepSeek-V4's included."""
-    batches = ASYNC_CONCURRENT_BATCHES if layout["async_scheduling"] else 1
+    pp = layout.get("pipeline_parallel_size", 1)
+    if pp > 1:
+        # VllmConfig.max_concurrent_batches: pp_size + 1 with async scheduling on the V2
+        # model runner (vLLM 0.32.0's default on CUDA, which it keeps for pipeline
+        # parallelism with async scheduling), pp_size without async scheduling.
+        batches = pp + 1 if layout["async_scheduling"] else pp
+    else:
+        batches = ASYNC_CONCURRENT_BATCHES if layout["async_scheduling"] else 1
     return batches * max_num_batched_tokens
 
 
@@ -429,6 +441,122 @@ def max_fitting_len(layout, kv_cache_bytes, limit, max_num_batched_tokens, reque
     return best
 
 
+# ---------------------------------------------------------------------------
+# Pipeline parallelism (one host: TP x PP GPUs)
+# ---------------------------------------------------------------------------
+
+def pp_layer_ranges(num_layers, pp):
+    """[start, end) of each pipeline stage's layers, as vLLM 0.32.0 splits them
+    (vllm/distributed/utils.py get_pp_indices without VLLM_PP_LAYER_PARTITION): each
+    stage takes num_layers // pp, and the remainder goes one each to the stages before
+    the last, from the second-to-last backwards."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    ranges, start = [], 0
+    for count in parts:
+        ranges.append((start, start + count))
+        start += count
+    return ranges
+
+
+def pp_embedding_bytes(model, act_bytes):
+    """The bytes of one vocab x hidden matrix (the input embedding, or the lm_head),
+    in the served dtype; None when config.json lacks vocab_size or hidden_size."""
+    vocab, hidden = model.get("vocab_size"), model.get("hidden_size")
+    if not vocab or not hidden:
+        return None
+    return int(vocab) * int(hidden) * act_bytes
+
+
+def pp_stage_weights(model, weights, act_bytes, ranges):
+    """Weight bytes of each stage (all its GPUs together; divide by tp per GPU).
+
+    vLLM (model_executor/models/llama.py and the other SupportsPP models) builds
+    embed_tokens on the first stage and lm_head on the last (PPMissingLayer elsewhere);
+    with tie_word_embeddings the last stage builds embed_tokens too and ties lm_head to
+    it, so it holds one vocab x hidden matrix either way. The checkpoint holds one such
+    matrix when tied, two when not (config.json's tie_word_embeddings; transformers'
+    default, tied, when it is absent). The rest is spread evenly over the layers."""
+    embed = pp_embedding_bytes(model, act_bytes)
+    tied = model.get("tie_word_embeddings")
+    tied = True if tied is None else bool(tied)
+    body = max(0, weights - embed * (1 if tied else 2))
+    num_layers = model["num_layers"]
+    out = []
+    for stage, (start, end) in enumerate(ranges):
+        share = body * (end - start) // num_layers
+        ends = (stage == 0) + (stage == len(ranges) - 1)
+        if len(ranges) == 1:
+            ends = 1 if tied else 2
+        out.append(share + embed * ends)
+    return out
+
+
+def pp_stage_layout(layout, model, start, end):
+    """The layout of one stage: the model's KV cache groups (built from the whole
+    model's layers, get_kv_cache_configs) projected onto the stage's layers
+    (_project_kv_cache_groups_to_worker); its bytes per block is the largest group's
+    share of those layers times the page (_get_kv_cache_bytes_per_block). The groups,
+    and so the blocks one request takes, stay the whole model's."""
+    buckets = {}
+    for index, kind in enumerate(model["layer_kinds"]):
+        buckets.setdefault(kind, []).append(index)
+    widest = 0
+    for layers in buckets.values():
+        groups = math.ceil(len(layers) / layout["group_size"])
+        for i in range(groups):
+            widest = max(widest, sum(1 for x in layers[i::groups] if start <= x < end))
+    out = dict(layout, bytes_per_block=layout["page_bytes"] * widest,
+               stage_layers=[start, end])
+    return out
+
+
+def pp_stages(model, tp, pp, block_size, available, kv_cache_dtype="auto",
+              dtype_bytes=2, async_sched=True):
+    """vLLM's KV cache blocks per stage for `available` bytes per GPU on each stage
+    (a list, one per stage): [{"layers": [start, end], "bytes_per_block",
+    "num_blocks"}]. get_kv_cache_configs then gives every worker the smallest
+    num_blocks: the tightest stage decides."""
+    layout = pp_layout(model, tp, pp, block_size, kv_cache_dtype, dtype_bytes, async_sched)
+    out = []
+    for (start, end), avail in zip(pp_layer_ranges(model["num_layers"], pp), available):
+        stage = pp_stage_layout(layout, model, start, end)
+        out.append({"layers": [start, end], "bytes_per_block": stage["bytes_per_block"],
+                    "num_blocks": max(0, int(avail) // stage["bytes_per_block"])})
+    return out
+
+
+def pp_layout(model, tp, pp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
+              async_sched=True):
+    """kv_layout() of the whole model at pipeline size pp (its in-flight tokens
+    follow pp)."""
+    layout = kv_layout(model, tp, block_size, kv_cache_dtype, dtype_bytes, async_sched)
+    if pp > 1:
+        layout["pipeline_parallel_size"] = pp
+    return layout
+
+
+def pp_problem(model, pp):
+    """Why gpufleet does not plan this pipeline size for this model, or None."""
+    if pp == 1:
+        return None
+    if model["attention"] in ("deepseek_v4", "encoder_only"):
+        return (f"pipeline parallelism is not modelled for "
+                f"{'DeepSeek-V4' if model['attention'] == 'deepseek_v4' else 'an encoder-only model'}")
+    if model.get("kind_heads"):
+        return ("pipeline parallelism is not modelled for layer kinds with pages of two "
+                "sizes (Gemma 4)")
+    if model["kind"] == "pooling":
+        return "pipeline parallelism is not modelled for a pooling model"
+    if pp > model["num_layers"]:
+        return f"the model has {model['num_layers']} layers, fewer than {pp} stages"
+    if pp_embedding_bytes(model, 2) is None:
+        return ("config.json lacks vocab_size or hidden_size, from which the first and "
+                "last stages' embedding bytes are computed")
+    return None
+
+
 _KV_TOKENS_RE = re.compile(r"(?:\b(GPU|CPU|XPU|TPU)\s+)?KV cache size:\s*([\d,]+)\s+tokens")
 _CONCURRENCY_RE = re.compile(
     r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
@@ -535,10 +663,10 @@ def model_max_len(model):
 
 
 def estimate_overhead_bytes(model, tp, max_num_batched_tokens, max_num_seqs, act_bytes,
-                            enforce_eager=False):
+                            enforce_eager=False, pp=1):
     """Per-GPU memory vLLM uses besides weights and KV cache (an estimate).
 
-    non-torch (CUDA context, cuBLAS) 0.75 GiB + NCCL 1.75 GiB when tp > 1 +
+    non-torch (CUDA context, cuBLAS) 0.75 GiB + NCCL 1.75 GiB when tp > 1 or pp > 1 +
     CUDA graphs 0.5 GiB (0 with enforce_eager) + activations of one profiling batch
     (max_num_batched_tokens x (4 x hidden + 3 x intermediate / tp) elements) + fp32
     logits for max_num_seqs rows of the whole vocabulary (vLLM gathers the logits of
@@ -550,7 +678,7 @@ def estimate_overhead_bytes(model, tp, max_num_batched_tokens, max_num_seqs, act
     activations = max_num_batched_tokens * (4 * hidden + 3 * inter // tp) * act_bytes
     logits = max_num_seqs * vocab * 4
     graphs = 0 if enforce_eager else CUDA_GRAPH_BYTES
-    nccl = NCCL_BYTES if tp > 1 else 0
+    nccl = NCCL_BYTES if tp > 1 or pp > 1 else 0
     return NON_TORCH_BYTES + nccl + graphs + activations + logits
 
 
@@ -1041,6 +1169,8 @@ def _served_weights(model, act_bytes, reasons):
 
 def _evaluate(ctx, tp):
     """KV budget and the longest fitting context for one TP size."""
+    if ctx.get("pp", 1) > 1:
+        return _evaluate_pp(ctx, tp, ctx["pp"])
     model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
     layout = kv_layout(model, tp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
                        ctx["async"])
@@ -1068,6 +1198,79 @@ def _evaluate(ctx, tp):
             "fits": room and fit_len >= target_len}
 
 
+def _evaluate_pp(ctx, tp, pp):
+    """_evaluate for TP x PP: each stage's weights (pp_stage_weights) and KV budget per
+    GPU, its blocks in its own projection of the model's groups (pp_stage_layout); the
+    stage with the fewest blocks decides (get_kv_cache_configs takes the minimum), and
+    its budget and bytes per block stand for the plan."""
+    model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
+    layout = pp_layout(model, tp, pp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
+                       ctx["async"])
+    ranges = pp_layer_ranges(model["num_layers"], pp)
+    weights = pp_stage_weights(model, ctx["weights"], ctx["act_bytes"], ranges)
+    target_len = opts["wanted_len"] or opts["limit"]
+    if ctx["overhead_bytes"] is not None:
+        overhead = int(ctx["overhead_bytes"])
+    else:
+        overhead = estimate_overhead_bytes(model, tp, ctx["mnbt"], ctx["max_num_seqs"],
+                                           ctx["act_bytes"], ctx["enforce_eager"], pp)
+    stages = []
+    for (start, end), stage_weights in zip(ranges, weights):
+        per_gpu = stage_weights // tp
+        if opts["kv_cache_memory_bytes"] is not None:
+            kv_bytes = opts["kv_cache_memory_bytes"]
+            room = per_gpu + overhead + kv_bytes <= hw["gpu_bytes"]
+        else:
+            kv_bytes = int(hw["gpu_bytes"] * opts["util"]) - per_gpu - overhead
+            room = kv_bytes > 0
+        stage_layout = pp_stage_layout(layout, model, start, end)
+        stages.append({"layers": [start, end], "weights_bytes_per_gpu": per_gpu,
+                       "kv_cache_bytes": kv_bytes,
+                       "bytes_per_block": stage_layout["bytes_per_block"],
+                       "num_blocks": max(0, kv_bytes) // stage_layout["bytes_per_block"],
+                       "room": room, "layout": stage_layout})
+    tight = min(stages, key=lambda st: (st["room"], st["num_blocks"]))
+    room = all(st["room"] for st in stages)
+    search_to = max(opts["limit"], opts["wanted_len"] or 0)
+    fit_len = max_fitting_len(tight["layout"], tight["kv_cache_bytes"], search_to,
+                              ctx["mnbt"], opts["requests"]) if room else 0
+    public = [{k: v for k, v in st.items() if k not in ("layout", "room")}
+              for st in stages]
+    return {"tp": tp, "pp": pp, "layout": tight["layout"],
+            "weights_per_gpu": tight["weights_bytes_per_gpu"], "overhead": overhead,
+            "kv_bytes": tight["kv_cache_bytes"], "room": room, "fit_len": fit_len,
+            "fits": room and fit_len >= target_len, "stages": public,
+            "tight_stage": stages.index(tight)}
+
+
+def _pp_reason(chosen):
+    stages = chosen["stages"]
+    parts = ", ".join(f"{st['layers'][0]}-{st['layers'][1] - 1}" for st in stages)
+    tight = stages[chosen["tight_stage"]]
+    return (f"pipeline_parallel_size {chosen['pp']}: layers split {parts} "
+            "(get_pp_indices), the embedding on the first stage and lm_head on the last; "
+            f"stage {chosen['tight_stage']} is the tightest ({_gib(tight['weights_bytes_per_gpu'])} "
+            f"GiB of weights per GPU, {tight['num_blocks']:,} blocks of "
+            f"{tight['bytes_per_block']:,} bytes) and vLLM gives every stage its blocks.")
+
+
+def _check_pp(model, hw, pp):
+    """Refuse a pipeline size gpufleet does not plan: on the CPU backend, for a model
+    pp_problem names, or with more GPUs than the host has at TP 1."""
+    if pp == 1:
+        return
+    if hw["cpu"]:
+        raise TuneError("pipeline_parallel_size is for GPUs; the CPU target runs one "
+                        "stage (set it to 1)")
+    problem = pp_problem(model, pp)
+    if problem:
+        raise TuneError(f"pipeline_parallel_size {pp} is refused: {problem}; set it to 1")
+    if pp > hw["gpu_count"]:
+        raise TuneError(f"pipeline_parallel_size {pp} needs at least {pp} GPUs "
+                        f"(tensor_parallel_size x pipeline_parallel_size); this host has "
+                        f"{hw['gpu_count']}")
+
+
 def _choose_tp(ctx, tensor_parallel_size):
     """The evaluation of the chosen TP size, and a reason; NoFitError when none fits."""
     model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
@@ -1079,12 +1282,16 @@ def _choose_tp(ctx, tensor_parallel_size):
             raise TuneError(f"tensor_parallel_size {tp} is refused: {problem} (vLLM "
                             "ModelConfig.verify_with_parallel_config / QKVParallelLinear). "
                             f"Valid sizes up to 8: {valid}")
-        if tp > hw["gpu_count"]:
-            raise TuneError(f"tensor_parallel_size {tp} needs {tp} GPUs; this host has "
+        pp = ctx.get("pp", 1)
+        if tp * pp > hw["gpu_count"]:
+            what = (f"tensor_parallel_size {tp}" if pp == 1 else
+                    f"tensor_parallel_size {tp} x pipeline_parallel_size {pp}")
+            raise TuneError(f"{what} needs {tp * pp} GPUs; this host has "
                             f"{hw['gpu_count']}")
         candidates = [tp]
     else:
-        candidates = [t for t in range(1, hw["gpu_count"] + 1) if not tp_problem(model, t)]
+        candidates = [t for t in range(1, hw["gpu_count"] // ctx.get("pp", 1) + 1)
+                      if not tp_problem(model, t)]
     evaluations = [_evaluate(ctx, t) for t in candidates]
     chosen = next((ev for ev in evaluations if ev["fits"]), None)
     requests = opts["requests"]
@@ -1111,8 +1318,10 @@ def _explain_fit(ctx, chosen, final_len, reasons):
     """Reasons for replicas, context, batching and the KV cache layout."""
     hw, opts, limit = ctx["hw"], ctx["opts"], ctx["opts"]["limit"]
     tp, layout = chosen["tp"], chosen["layout"]
-    replicas = 1 if hw["cpu"] else hw["gpu_count"] // tp
+    gpus = tp * ctx.get("pp", 1)
+    replicas = 1 if hw["cpu"] else hw["gpu_count"] // gpus
     if replicas > 1:
+        tp = gpus
         mode = "one per GPU" if tp == 1 else f"{tp} GPUs each"
         reasons.append(f"replicas {replicas}: one instance needs {tp} GPU(s), so this "
                        f"host's {hw['gpu_count']} GPUs can run {replicas} independent "
@@ -1184,6 +1393,11 @@ def _explain_fit(ctx, chosen, final_len, reasons):
 
 
 def _in_flight_words(layout):
+    pp = layout.get("pipeline_parallel_size", 1)
+    if pp > 1:
+        return (f"{pp + 1 if layout['async_scheduling'] else pp} x max_num_batched_tokens "
+                f"at pipeline size {pp}"
+                + (" with async scheduling" if layout["async_scheduling"] else ""))
     if layout["async_scheduling"]:
         return (f"{ASYNC_CONCURRENT_BATCHES} x max_num_batched_tokens with async "
                 "scheduling")
@@ -1215,7 +1429,8 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
          gpu_memory_utilization=None, kv_cache_dtype="auto", allow_fp8=False,
          kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
          tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
-         overhead_bytes=None, enforce_eager=False, block_size=None, expert_parallel=None):
+         overhead_bytes=None, enforce_eager=False, block_size=None, expert_parallel=None,
+         pipeline_parallel_size=1):
     """Choose vLLM settings for `model` on `gpus`; see the module docstring.
 
     Returns {"args", "settings", "prediction", "reasons"}. Raises TuneError for bad
@@ -1234,6 +1449,8 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
                        "enforce_eager; the plan reserves no graph memory.")
     enforce_eager = eager
     tensor_parallel_size = _tp_option(tensor_parallel_size)
+    pp = _int_option(1 if pipeline_parallel_size is None else pipeline_parallel_size,
+                     "pipeline_parallel_size")
     if overhead_bytes is not None:
         overhead_bytes = _int_option(overhead_bytes, "overhead_bytes", minimum=0,
                                      text=" (bytes per GPU)")
@@ -1245,6 +1462,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
                           allow_long_context)
     settings = {"target": "gpu" if devices else "cpu", "vllm_version": str(vllm_version)}
     hw = _hardware(devices, model, reasons, block_size)
+    _check_pp(model, hw, pp)
     if not hw["cpu"]:
         _check_quantization(model, hw["cc"], reasons)
     dtype_name, act_bytes = _served_dtype(model, hw["cc"], dtype, reasons, hw["cpu"])
@@ -1262,7 +1480,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
            "mnbt": max(default_mnbt, max_num_seqs), "overhead_bytes": overhead_bytes,
            "enforce_eager": enforce_eager, "target_concurrency": target_concurrency,
            "async": async_scheduling(hw["cpu"], model["kind"] == "pooling", extra_args),
-           "extra": extra_args,
+           "extra": extra_args, "pp": pp,
            "result": {"settings": settings, "reasons": reasons}}
 
     chosen, tp_reason = _choose_tp(ctx, tensor_parallel_size)
@@ -1272,6 +1490,8 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     if ctx["pooling"]:
         ctx["mnbt"] = max(ctx["mnbt"], final_len)
     replicas = _explain_fit(ctx, chosen, final_len, reasons)
+    if pp > 1:
+        reasons.append(_pp_reason(chosen))
     num_blocks, _ = kv_tokens_from_bytes(layout, chosen["kv_bytes"])
     concurrency = max_concurrency(layout, num_blocks, final_len, ctx["mnbt"])
     tokens = kv_cache_size_tokens(concurrency, final_len)
@@ -1281,9 +1501,11 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     runner, convert = _runner(model, ctx["pooling"], vllm_version, reasons)
     docker = {}
     ep = _expert_parallel(model, tp, expert_parallel, reasons)
-    if tp > 1:
+    if tp * pp > 1:
         docker = {"ipc_mode": "host"}
-        reasons.append(f"docker ipc_mode host: tensor parallelism over {tp} GPUs shares "
+        what = (f"tensor parallelism over {tp} GPUs" if pp == 1 else
+                f"tensor x pipeline parallelism over {tp * pp} GPUs")
+        reasons.append(f"docker ipc_mode host: {what} shares "
                        "memory between workers; Docker's 64 MB /dev/shm hangs them "
                        "(or set shm_size to several GiB).")
     env = {}
@@ -1291,7 +1513,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
     emits_util = not hw["cpu"] and opts["kv_cache_memory_bytes"] is None
     settings.update({
-        "tensor_parallel_size": tp, "replicas": replicas, "max_model_len": final_len,
+        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "replicas": replicas, "max_model_len": final_len,
         "max_num_seqs": max_num_seqs, "max_num_batched_tokens": ctx["mnbt"],
         "kv_cache_dtype": kv_dtype, "dtype": dtype_name, "block_size": hw["block_size"],
         "gpu_memory_utilization": opts["util"] if emits_util else None,
@@ -1318,6 +1540,8 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         "max_concurrency": round(concurrency, 2) if concurrency is not None else None,
         "max_model_len_that_fits": chosen["fit_len"],
     }
+    if pp > 1:
+        result["prediction"]["pipeline_stages"] = chosen["stages"]
     if "kv_cache_groups" in layout:
         result["prediction"].update({
             "kv_cache_groups": layout["kv_cache_groups"],
@@ -1367,8 +1591,10 @@ def _args(settings, version, extra_args, reasons):
                 args += ["--convert", settings["convert"]]
         else:
             args += ["--task", "embed"]
-    args += ["--tensor-parallel-size", str(settings["tensor_parallel_size"]),
-             "--max-model-len", str(settings["max_model_len"]),
+    args += ["--tensor-parallel-size", str(settings["tensor_parallel_size"])]
+    if settings.get("pipeline_parallel_size", 1) > 1:
+        args += ["--pipeline-parallel-size", str(settings["pipeline_parallel_size"])]
+    args += ["--max-model-len", str(settings["max_model_len"]),
              "--max-num-seqs", str(settings["max_num_seqs"]),
              "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]),
              "--dtype", settings["dtype"]]
@@ -1419,10 +1645,14 @@ def _raise_no_fit(ctx, evaluations):
             parts.append(f"max_model_len up to {best['fit_len']:,} fits at TP {best['tp']}")
     if not hw["cpu"]:
         # More GPUs of the same kind: the smallest valid TP size that would fit.
-        for tp in range(hw["gpu_count"] + 1, 65):
+        pp = ctx.get("pp", 1)
+        for tp in range(1, 65):
+            if tp * pp <= hw["gpu_count"]:
+                continue
             if not tp_problem(model, tp) and _evaluate(ctx, tp)["fits"]:
-                nearest["gpus_needed"] = tp
-                parts.append(f"needs {tp} GPUs (tensor_parallel_size {tp})")
+                nearest["gpus_needed"] = tp * pp
+                parts.append(f"needs {tp * pp} GPUs (tensor_parallel_size {tp}"
+                             + (f" x pipeline_parallel_size {pp})" if pp > 1 else ")"))
                 break
     result = ctx["result"]
     result["nearest"] = nearest
