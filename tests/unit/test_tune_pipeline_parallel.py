@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from module_utils.gpufleet import engine_args, model as m, tune
+from gpufleet import engine_args, model as m, tune
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-kv", "pipeline-parallel.json")
