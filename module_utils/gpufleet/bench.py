@@ -100,6 +100,8 @@ import os
 import re
 import warnings
 
+from .upgrade import parse_metrics
+
 __all__ = [
     "BenchError",
     "BENCH_SERVE_FLAGS",
@@ -359,23 +361,9 @@ def _offered(concurrency, rate, mean_e2el_ms):
 
 def preemptions_from_metrics(text):
     """The count of preempted requests in a Prometheus /metrics page: the sum of
-    PREEMPTION_METRIC over its series (`name{labels} value [timestamp]`), None when the
-    page has none."""
-    total, seen = 0.0, False
-    for line in (text or "").splitlines():
-        if not line.startswith(PREEMPTION_METRIC):
-            continue
-        rest = line[len(PREEMPTION_METRIC):]
-        if rest.startswith("{"):
-            rest = rest[rest.rfind("}") + 1:]
-        elif not rest.startswith((" ", "\t")):
-            continue  # another metric whose name starts alike
-        try:
-            total += float(rest.split()[0])
-        except (IndexError, ValueError):
-            continue
-        seen = True
-    return total if seen else None
+    PREEMPTION_METRIC over its series (upgrade.parse_metrics, the one reader of that
+    format), None when the page has none."""
+    return parse_metrics(text).get(PREEMPTION_METRIC)
 
 
 def failed_point(concurrency, input_len, output_len, error, instance=None):

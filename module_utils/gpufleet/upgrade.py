@@ -139,7 +139,9 @@ def capacity_verdict(servers, host, allow_downtime=False, knee_rps=None, load_rp
 
 
 # ----------------------------------------------------------------- vLLM metrics
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+# name, then optional {labels} whose quoted values may hold '}' or escaped quotes, then
+# the value (an optional timestamp follows)
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
 
 
 def parse_metrics(text):
