@@ -12,7 +12,9 @@ cd "$ROOT"
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
 
-APT_PACKAGES=(docker.io debootstrap apt-utils dpkg-dev git git-lfs nginx-light python3-venv curl)
+# haproxy: Debian's HAProxy, run by tests/unit/test_upgrade_orchestration.py as the real
+# gateway in front of stand-in vLLM instances (the lab's gateway runs in its own container).
+APT_PACKAGES=(docker.io debootstrap apt-utils dpkg-dev git git-lfs nginx-light haproxy python3-venv curl)
 
 setup_apt() {
   local missing=()

@@ -5,25 +5,32 @@ the stand-in NVIDIA repositories, olah and nginx mirrors, vLLM CPU serving SmolL
 lab-h200 and lab-a10g and MiniLM on lab-a100, HAProxy from Debian on lab-gw). Stand-ins,
 as the README says: the GPUs (captured nvidia-smi XML), NVIDIA's repositories, the hub.
 
-A bounded load generator (tests/load/loadgen.py) sends completions through the gateway
-for the whole of each upgrade and checks every response (HTTP 200, a complete body with a
-finished choice and generated tokens). Each case prints its totals. The control case sends
-the same load straight to one instance while site.yml replaces it (what happened before
-the gateway): it must see failures, so the zero of the other cases can fail.
+A bounded load generator (tests/load/loadgen.py) sends, through the gateway for the whole
+of each upgrade, short completions and long streaming chats, and checks every response
+(HTTP 200, a complete body with a finished choice and generated tokens; a stream cut
+mid-way is a failure). Each case prints its totals per load. The control case sends the
+same load straight to one instance while site.yml replaces it (what happened before the
+gateway): it must see failures, so the zero of the other cases can fail.
 
 The cases run in order on one lab (each starts from the state the previous left), the
 session's lab of tests/conftest.py (one `scripts/lab.sh run`, removed after the last lab
 test; test_benchmark.py runs on it after this file). scripts/test.sh (so CI) runs them
-all: the lab run, its second run, check mode, the site.yml refusal, the control case,
-(a) the settings change, an upgrade with nothing to change (the state (a) left), (b) the
-image change, (d) the bad canary, (e) the driver branch with reboots, (g) the controller killed after
-a drain, HAProxy reloaded while the host is out, and the next run resuming, (h) two runs
-started at once, and (c) the model revision; the front door's route table (every route of the running vLLM, keyless, straight
-and through the gateway) runs right after the lab run. (f), the key rotation over the whole
-lab, runs by hand for now (about 5.5 min: scripts/test.sh deselects it until the
-orchestration cases move to stand-ins and make room in CI, issue #31 item 11):
-  GPUFLEET_NO_SKIP=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py -k test_f_ A case picked alone (-k) finds the state the lab run left, not the one the
-case before it left: run the file whole.
+all: the lab run, the front door's route table (every route of the running vLLM,
+keyless, straight and through the gateway), its second run, check mode, the site.yml
+refusal, the control case, (a)+(f) a settings change and a key rotation in two runs over
+the whole lab without --limit (as the README runs it), an upgrade with nothing to change
+(the state they left), (b) the image change, (d) the bad canary, (e) the driver branch
+with reboots, and (c) the model revision. Every case ends with every chat server UP at
+the gateway.
+
+The rollout cases about orchestration (a controller killed after a drain with HAProxy
+reloaded while the host is out, two runs at once, a gate failure in a two-host batch, a
+host lost mid-change) run against the real HAProxy with stand-in vLLM instances, under
+the same two loads, in tests/unit/test_upgrade_orchestration.py (issue #31 item 11: they
+ran here until CI stop 39).
+
+A case picked alone (-k) finds the state the lab run left, not the one the case before it
+left: run the file whole.
   GPUFLEET_NO_SKIP=1 .venv/bin/pytest -s -m slow tests/slow/test_upgrade_under_load.py
 """
 import json
@@ -120,20 +127,43 @@ def inspect(name):
 
 
 def under_load(url, action, **load_kw):
-    """Run action() while the load generator sends requests to url; print the totals."""
-    # Two clients, each one request after another with a 1 s pause (about 1.5 requests a
-    # second: no second without a request in flight or starting, while leaving this small
-    # machine's cores to the rollout), for as long as the action runs (at most 40 minutes).
-    load = Load(url, key(), CHAT, clients=2, pause=1.0, max_requests=50000, max_seconds=2400,
-                **load_kw).start()
+    """Run action() while the load generator sends requests to url; print the totals.
+    Two loads at once (issue #31 item 10): short completions, and long streaming chats (a
+    stream cut mid-way is a failed request). The totals: "sent" and "failed" over both,
+    and each load's own under "short" and "streams"."""
+    # Short: two clients, each one request after another with a 1 s pause (about 1.5
+    # requests a second: no second without a request in flight or starting, while leaving
+    # this small machine's cores to the rollout), for as long as the action runs (at most
+    # 40 minutes). Streams: one client, 32 tokens each (ignore_eos), a 2 s pause between.
+    loads = {"short": Load(url, key(), CHAT, clients=2, pause=1.0, max_requests=50000,
+                           max_seconds=2400, **load_kw).start(),
+             "streams": Load(url, key(), CHAT, clients=1, pause=2.0, max_requests=50000,
+                             max_seconds=2400, stream=True, max_tokens=32, **load_kw).start()}
     try:
         result = action()
     finally:
-        totals = load.stop()
-    print(f"\n[load] {url}: sent {totals['sent']}, failed {totals['failed']} "
-          f"(ok {totals['ok']}, {totals['seconds']} s, p50 {totals['p50_s']} s, "
-          f"max {totals['max_s']} s); first failures: {totals['failures'][:3]}")
+        each = {kind: load.stop() for kind, load in loads.items()}
+    for kind, t in each.items():
+        print(f"\n[load] {kind} {url}: sent {t['sent']}, failed {t['failed']} "
+              f"(ok {t['ok']}, {t['seconds']} s, p50 {t['p50_s']} s, max {t['max_s']} s); "
+              f"first failures: {t['failures'][:3]}")
+    totals = dict(each, sent=sum(t["sent"] for t in each.values()),
+                  failed=sum(t["failed"] for t in each.values()))
     return result, totals
+
+
+# Every case ends with every server of the chat model UP at the gateway (issue #31 item 10).
+STATS_CSV = "http://127.0.0.1:19405/stats;csv"  # the gateway's stats frontend
+
+
+def chat_servers():
+    """{server: status} of the chat model's backend at the gateway (HAProxy's stats CSV)."""
+    import csv
+    import io
+    with urllib.request.urlopen(STATS_CSV, timeout=10) as resp:
+        rows = csv.DictReader(io.StringIO(resp.read(2 ** 20).decode().lstrip("# ")))
+    return {r["svname"]: r["status"] for r in rows
+            if "SmolLM2" in r["pxname"] and r["svname"] not in ("FRONTEND", "BACKEND")}
 
 
 def failures(out):
@@ -338,71 +368,6 @@ def chat_status(base, api_key):
         return err.code
 
 
-def _keys_everywhere(old, new):
-    """{(key, where): status} for the old and the new key, through the gateway and
-    straight to lab-h200's and lab-a10g's instances."""
-    places = {"gateway": GATEWAY, "lab-h200": DIRECT, "lab-a10g": "http://127.0.0.1:18200"}
-    return {(name, where): chat_status(url, k) for name, k in (("old", old), ("new", new))
-            for where, url in places.items()}
-
-
-def test_f_a_key_rotation_in_two_runs_fails_no_request_with_a_valid_key(lab):
-    """#31 item 5 (docs/security.md): run 1 puts the new key beside the old one on every
-    serving host (whole lab, no --limit, as the README runs it), under load with the old
-    key; run 2 retires the old key, under load with the new one. The control: the new key
-    alone, in one step, is refused before anything changes. At the end the old key gets
-    401 and the new one 200, through the gateway and straight."""
-    import secrets
-    old, new = key(), "rotated-" + secrets.token_urlsafe(24)
-    # lab-a100 serves the lab's only MiniLM instance: replacing it is an outage of that
-    # model whatever the change (the capacity gate refuses it otherwise), accepted here
-    # for it alone; the load is on the chat model, served by two hosts
-    serving = {h: {"vllm_server_api_key": new, "vllm_server_api_keys_retiring": [old],
-                   **({"fleet_upgrade_allow_downtime": True} if h == "lab-a100" else {})}
-               for h in SERVING}
-    before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
-    # the control: the new key alone is refused on the canary, nothing drained or replaced
-    rc, out = playbook("playbooks/upgrade.yml", None, limit=None, extra=FAST,
-                       hosts={h: {"vllm_server_api_key": new} for h in SERVING})
-    assert rc != 0 and "accepts none of the keys" in out, why(out)
-    assert {h: inspect(c) for h, c in CHAT_CONTAINERS.items()} == before
-    print(f"\n[keys] control (new key alone): rc {rc}, refused: "
-          + re.search(r"\S+ accepts none of the keys[^.]*", out).group(0))
-    # run 1: both keys
-    (rc, out), totals = under_load(GATEWAY, lambda: playbook(
-        "playbooks/upgrade.yml", None, limit=None, extra=FAST, hosts=serving))
-    assert rc == 0, why(out)
-    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
-    both = _keys_everywhere(old, new)
-    print(f"[keys] after run 1 (rc {rc}): {both}")
-    assert set(both.values()) == {200}, both
-    # run 2: the lab's key file holds the new key (every later case uses it), none retiring
-    (ROOT / ".cache/lab/api-key").write_text(new + "\n")
-    (rc, out), totals = under_load(GATEWAY, lambda: playbook(
-        "playbooks/upgrade.yml", None, limit=None, extra=FAST,
-        hosts={"lab-a100": {"fleet_upgrade_allow_downtime": True}}))
-    assert rc == 0, why(out)
-    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
-    end = _keys_everywhere(old, new)
-    print(f"[keys] after run 2 (rc {rc}): {end}")
-    assert {w: c for (k, w), c in end.items() if k == "old"} == dict.fromkeys(
-        ("gateway", "lab-h200", "lab-a10g"), 401), end
-    assert {w: c for (k, w), c in end.items() if k == "new"} == dict.fromkeys(
-        ("gateway", "lab-h200", "lab-a10g"), 200), end
-    # no key on a command line, in an environment or a run's output; the file is root's
-    for host, container in CHAT_CONTAINERS.items():
-        config = json.loads(sh("docker", "inspect", container).stdout)[0]["Config"]
-        assert old not in json.dumps(config) and new not in json.dumps(config), host
-        ps = host_sh(host, "ps -eo args")
-        assert new not in ps and old not in ps, host
-        # the lab's vllm_server_auth_dir (inventories/lab/group_vars/gpu_hosts): the old
-        # set's file is gone, the new one is root's alone
-        files = host_sh(host, f"stat -c '%a %U %n' /var/lib/gpufleet-lab/{host}/vllm-auth/*.yaml"
-                        ).split("\n")
-        assert [f.split()[:2] for f in files if f] == [["600", "root"]], files
-    assert new not in out and old not in out
-
-
 def test_control_replacing_without_the_gateway_drops_requests(lab, tmp_path):
     """Today's behaviour without the gateway: the instance's own port while vllm_server
     replaces its container (what site.yml did before the gateway). This must fail
@@ -429,10 +394,11 @@ def _upgraded(extra, expect_changed=("lab-h200", "lab-a10g")):
     after = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     for host in expect_changed:
         assert after[host]["id"] != before[host]["id"] and after[host]["running"], host
+    assert set(chat_servers().values()) == {"UP"}, chat_servers()
     return before, after, out
 
 
-A_STATE = {"vllm_server_models": chat_models(1024)}  # what case (a) leaves
+A_STATE = {"vllm_server_models": chat_models(1024)}  # what case (a) leaves on the chat hosts
 
 
 def args_checks(out):
@@ -444,11 +410,80 @@ def args_checks(out):
     return hosts
 
 
-def test_a_settings_change_drops_no_request(lab):
-    _, after, out = _upgraded(A_STATE)
-    for state in after.values():
-        assert state["cmd"][state["cmd"].index("--max-model-len") + 1] == "1024"
-    assert "soak window of 5 s: no errors, retries or failed checks" in out
+def _keys_everywhere(old, new):
+    """{(key, where): status} for the old and the new key, through the gateway and
+    straight to lab-h200's and lab-a10g's instances."""
+    places = {"gateway": GATEWAY, "lab-h200": DIRECT, "lab-a10g": "http://127.0.0.1:18200"}
+    return {(name, where): chat_status(url, k) for name, k in (("old", old), ("new", new))
+            for where, url in places.items()}
+
+
+def test_a_f_a_settings_change_and_a_key_rotation_in_two_runs_fail_no_request(lab):
+    """(a) a settings change and (f) a key rotation (#31 item 5, docs/security.md), over
+    the whole lab without --limit, as the README runs it: run 1 puts the chat hosts on
+    A_STATE's 1024 tokens and the new key beside the old one on every serving host, under
+    load with the old key; run 2 retires the old key, under load with the new one. The
+    control: the new key alone, in one step, is refused before anything changes. At the
+    end the old key gets 401 and the new one 200, through the gateway and straight, and
+    every chat server is UP. (Case (a) was a run of its own on the chat hosts until CI
+    stop 39: run 1 is that settings change, on the whole lab.)"""
+    import secrets
+    old, new = key(), "rotated-" + secrets.token_urlsafe(24)
+    # lab-a100 serves the lab's only MiniLM instance: replacing it is an outage of that
+    # model whatever the change (the capacity gate refuses it otherwise), accepted here
+    # for it alone; the load is on the chat model, served by two hosts
+    serving = {h: {"vllm_server_api_key": new, "vllm_server_api_keys_retiring": [old],
+                   **({"fleet_upgrade_allow_downtime": True} if h == "lab-a100" else A_STATE)}
+               for h in SERVING}
+    before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    # the control: the new key alone is refused on the canary, nothing drained or replaced
+    rc, out = playbook("playbooks/upgrade.yml", None, limit=None, extra=FAST,
+                       hosts={h: {"vllm_server_api_key": new} for h in SERVING})
+    assert rc != 0 and "accepts none of the keys" in out, why(out)
+    assert {h: inspect(c) for h, c in CHAT_CONTAINERS.items()} == before
+    print(f"\n[keys] control (new key alone): rc {rc}, refused: "
+          + re.search(r"\S+ accepts none of the keys[^.]*", out).group(0))
+    # run 1: both keys
+    (rc, out), totals = under_load(GATEWAY, lambda: playbook(
+        "playbooks/upgrade.yml", None, limit=None, extra=FAST, hosts=serving))
+    assert rc == 0, why(out)
+    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
+    after = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    for host, state in after.items():  # (a): the settings change, on both chat hosts
+        assert state["id"] != before[host]["id"] and state["running"], host
+        assert state["cmd"][state["cmd"].index("--max-model-len") + 1] == "1024", host
+    assert "soak window of 5 s: no errors, retries or failed checks" in out, why(out)
+    assert set(chat_servers().values()) == {"UP"}, chat_servers()
+    both = _keys_everywhere(old, new)
+    print(f"[keys] after run 1 (rc {rc}): {both}; the gateway: {chat_servers()}")
+    assert set(both.values()) == {200}, both
+    # run 2: the lab's key file holds the new key (every later case uses it), none retiring
+    (ROOT / ".cache/lab/api-key").write_text(new + "\n")
+    (rc, out), totals = under_load(GATEWAY, lambda: playbook(
+        "playbooks/upgrade.yml", None, limit=None, extra=FAST,
+        hosts={h: ({"fleet_upgrade_allow_downtime": True} if h == "lab-a100" else A_STATE)
+               for h in SERVING}))
+    assert rc == 0, why(out)
+    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
+    assert set(chat_servers().values()) == {"UP"}, chat_servers()
+    end = _keys_everywhere(old, new)
+    print(f"[keys] after run 2 (rc {rc}): {end}; the gateway: {chat_servers()}")
+    assert {w: c for (k, w), c in end.items() if k == "old"} == dict.fromkeys(
+        ("gateway", "lab-h200", "lab-a10g"), 401), end
+    assert {w: c for (k, w), c in end.items() if k == "new"} == dict.fromkeys(
+        ("gateway", "lab-h200", "lab-a10g"), 200), end
+    # no key on a command line, in an environment or a run's output; the file is root's
+    for host, container in CHAT_CONTAINERS.items():
+        config = json.loads(sh("docker", "inspect", container).stdout)[0]["Config"]
+        assert old not in json.dumps(config) and new not in json.dumps(config), host
+        ps = host_sh(host, "ps -eo args")
+        assert new not in ps and old not in ps, host
+        # the lab's vllm_server_auth_dir (inventories/lab/group_vars/gpu_hosts): the old
+        # set's file is gone, the new one is root's alone
+        files = host_sh(host, f"stat -c '%a %U %n' /var/lib/gpufleet-lab/{host}/vllm-auth/*.yaml"
+                        ).split("\n")
+        assert [f.split()[:2] for f in files if f] == [["600", "root"]], files
+    assert new not in out and old not in out
 
 
 def test_an_upgrade_with_nothing_to_change_changes_nothing(lab):
@@ -531,176 +566,6 @@ def test_e_a_driver_branch_change_reboots_and_drops_no_request(lab):
     assert args_checks(out) == [], args_checks(out)
 
 
-# Rollouts that survive failure (issue 31, item 10), on the state (e) left, one host at a
-# time while the other serves the load: (g) moves lab-h200 to 640 tokens, (h) either host
-# to F_STATE's 768.
-F_STATE = dict(E_STATE, vllm_server_models=chat_models(768))
-STATE_FILE = "/var/lib/gpufleet/rollout-state.json"  # fleet_upgrade_state_path's default
-LOCK_FILE = "/var/lib/gpufleet/rollout.lock"  # fleet_upgrade_lock_path's default, on lab-gw
-STATS_CSV = "http://127.0.0.1:19405/stats;csv"  # the gateway's stats frontend
-
-
-def rollout_state(host):
-    """The host's rollout state file ({} when absent) and its mode."""
-    proc = sh("docker", "exec", f"gpufleet-lab-{host}", "sh", "-c",
-              f"stat -c %a {STATE_FILE} && cat {STATE_FILE}", check=False)
-    if proc.returncode:
-        return {}, None
-    mode, _, text = proc.stdout.partition("\n")
-    return json.loads(text), mode.strip()
-
-
-def chat_servers():
-    """{server: status} of the chat model's backend at the gateway (HAProxy's stats CSV)."""
-    import csv
-    import io
-    with urllib.request.urlopen(STATS_CSV, timeout=10) as resp:
-        rows = csv.DictReader(io.StringIO(resp.read(2 ** 20).decode().lstrip("# ")))
-    return {r["svname"]: r["status"] for r in rows
-            if "SmolLM2" in r["pxname"] and r["svname"] not in ("FRONTEND", "BACKEND")}
-
-
-def start_playbook(name, change, limit, extra, log, overlay=OVERLAY):
-    """upgrade.yml started in its own process group (so it can be killed as a user's
-    Ctrl-C or a crash would), its output in .cache/test-logs/<log>.log; `change` in the
-    inventory of `limit` (the file `overlay`, which the caller removes)."""
-    import subprocess
-    overlay.write_text(json.dumps({"all": {"hosts": {limit: change}}}))
-    path = ROOT / ".cache/test-logs" / f"{log}.log"
-    out = path.open("w")
-    proc = subprocess.Popen(
-        [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY), "-i", str(overlay),
-         name, "--limit", limit, "-e", json.dumps(extra)],
-        cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        env=dict(os.environ, ANSIBLE_FORCE_COLOR="0"))
-    return proc, path
-
-
-def wait_for_step(host, steps, proc, timeout=600):
-    """Poll the host's rollout state until its step is one of `steps`."""
-    import time
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state, _ = rollout_state(host)
-        if state.get("step") in steps:
-            return state
-        assert proc.poll() is None, f"the run ended before {host} reached {steps}: {state}"
-        time.sleep(0.5)
-    raise AssertionError(f"{host} never reached {steps}: {rollout_state(host)}")
-
-
-def test_g_a_controller_killed_after_the_drain_is_resumed_by_the_next_run(lab):
-    """Item 10 (b) and (d): the controller killed (SIGKILL to upgrade.yml's process group)
-    right after lab-h200 was drained. The host keeps its state (0600) and stays out at the
-    gateway; the lock names the dead run. HAProxy is then reloaded (systemctl reload, as a
-    site.yml run that touches the gateway does) while the host is out with no run to
-    re-enable it: it stays MAINT. The next run is refused by that lock and says how to take
-    it over; with fleet_upgrade_break_lock it resumes the host first, finishes it and
-    re-enables it. No request fails throughout. (The reload's control, the same reload
-    without the saved states putting the server back UP mid-change, is in
-    molecule/vllm_gateway's verify: it needs no vLLM.)"""
-    import time
-    change = dict(F_STATE, vllm_server_models=chat_models(640))
-    left = {}
-
-    def action():
-        import signal
-        proc, path = start_playbook("playbooks/upgrade.yml", change, "lab-h200", FAST,
-                                    "test_g_killed")
-        try:
-            left["state"] = wait_for_step("lab-h200", ("out_of_service",), proc)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
-        finally:
-            OVERLAY.unlink(missing_ok=True)
-        left["file"], left["mode"] = rollout_state("lab-h200")
-        left["servers"] = chat_servers()
-        left["lock"] = json.loads(sh("docker", "exec", "gpufleet-lab-lab-gw", "cat", LOCK_FILE).stdout)
-        sh("docker", "exec", "gpufleet-lab-lab-gw", "systemctl", "reload", "haproxy")
-        time.sleep(3)
-        left["reloaded"] = chat_servers()
-        refused = playbook("playbooks/upgrade.yml", change, limit="lab-h200", extra=FAST)
-        rollout = left["lock"]["rollout"]
-        resumed = playbook("playbooks/upgrade.yml", change, limit="lab-h200",
-                           extra=dict(FAST, fleet_upgrade_break_lock=rollout))
-        return refused, resumed
-
-    (refused, resumed), totals = under_load(GATEWAY, action)
-    print(f"\n[killed] left on lab-h200: {STATE_FILE} mode {left['mode']}: "
-          f"{json.dumps(left['file'])}\n[killed] gateway: {left['servers']}; lock: {left['lock']}")
-    assert left["mode"] == "600" and left["file"]["step"] == "out_of_service", left
-    assert left["servers"]["lab-h200_18000"].startswith("MAINT"), left
-    assert left["servers"]["lab-a10g_18200"] == "UP", left
-    print(f"[killed] 3 s after `systemctl reload haproxy`: {left['reloaded']}")
-    assert left["reloaded"]["lab-h200_18000"].startswith("MAINT"), left
-    assert left["reloaded"]["lab-a10g_18200"] == "UP", left
-    rc, out = refused
-    assert rc != 0 and f"fleet_upgrade_break_lock={left['lock']['rollout']}" in out, why(out)
-    rc, out = resumed
-    assert rc == 0, why(out)
-    flat = " ".join(out.split())
-    assert f"resume rollout {left['lock']['rollout']} (left at out_of_service" in flat, why(out)
-    print("[killed] the rerun: " + re.search(r"resume rollout [^)]+\)", flat).group(0))
-    assert set(chat_servers().values()) == {"UP"}, chat_servers()
-    assert rollout_state("lab-h200")[0]["step"] == "recorded"
-    assert sh("docker", "exec", "gpufleet-lab-lab-gw", "test", "-e", LOCK_FILE,
-              check=False).returncode != 0, "the lock was not released"
-    cmd = inspect(CHAT_CONTAINERS["lab-h200"])["cmd"]
-    assert cmd[cmd.index("--max-model-len") + 1] == "640"
-    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
-
-
-def test_h_two_runs_started_at_once_one_rolls_and_the_other_is_refused(lab):
-    """Item 10 (e): two operators start upgrade.yml in the same second, one for lab-h200,
-    one for lab-a10g (each alone would pass its capacity gate: together they would drain
-    the model's two instances). Exactly one takes the lock and rolls its host; the other
-    is refused before any drain, naming the rollout, its holder and its hosts. No request
-    fails; every server is UP at the end and the lock is released."""
-    import time
-    overlays = {h: ROOT / f"inventories/lab/.test-overlay-{h}.yml" for h in CHAT_HOSTS}
-    # The same change for both (which run wins is chance): F_STATE's 768 tokens, which
-    # neither host has now ((g) left lab-h200 at 640, (e) lab-a10g at 1024).
-    change = {h: F_STATE for h in CHAT_HOSTS}
-    before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
-
-    def action():
-        runs = {}
-        try:
-            for host in CHAT_HOSTS:
-                runs[host] = start_playbook("playbooks/upgrade.yml", change[host], host, FAST,
-                                            f"test_h_{host}", overlay=overlays[host])
-            deadline = time.monotonic() + 1500
-            while any(p.poll() is None for p, _ in runs.values()) and time.monotonic() < deadline:
-                time.sleep(1)
-        finally:
-            for path in overlays.values():
-                path.unlink(missing_ok=True)
-            for proc, _ in runs.values():
-                if proc.poll() is None:
-                    proc.kill()
-        return {h: (p.returncode, path.read_text()) for h, (p, path) in runs.items()}
-
-    runs, totals = under_load(GATEWAY, action)
-    ok = [h for h, (rc, _) in runs.items() if rc == 0]
-    refused = [h for h, (rc, out) in runs.items() if rc != 0 and "another rollout holds the fleet" in out]
-    print(f"\n[two runs] exit codes {dict((h, rc) for h, (rc, _) in runs.items())}; rolled: {ok}; "
-          f"refused: {refused}")
-    assert len(ok) == 1 and len(refused) == 1, {h: why(out) for h, (rc, out) in runs.items()}
-    flat = " ".join(runs[refused[0]][1].split())  # the message as one line, however wrapped
-    message = re.search(r"another rollout holds the fleet: rollout \S+ by \S+, started \S+, "
-                        r"on [^(]+", flat)
-    assert message, why(runs[refused[0]][1])
-    print(f"[two runs] {refused[0]}: {message.group(0)}")
-    assert message.group(0).endswith(f"on {ok[0]} "), message.group(0)  # the holder's scope
-    after = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
-    assert after[ok[0]]["id"] != before[ok[0]]["id"], "the run that held the lock changed nothing"
-    assert after[refused[0]] == before[refused[0]], "the refused run touched its host"
-    assert set(chat_servers().values()) == {"UP"}, chat_servers()
-    assert sh("docker", "exec", "gpufleet-lab-lab-gw", "test", "-e", LOCK_FILE,
-              check=False).returncode != 0, "the lock was not released"
-    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
-
-
 # Last: the inventory's own model source (the site mirror, revision main) is left behind.
 OLAH_REPO = ROOT / ".cache/lab/hf/olah/mirrors/models" / CHAT
 
@@ -724,8 +589,7 @@ def test_c_a_model_revision_change_drops_no_request(lab, second_revision):
     """The hosts fetch the new commit from olah (verified, beside the running server),
     then the containers are replaced one host at a time."""
     first, second = second_revision
-    # lab-h200 (the canary) keeps the model length it has (which run of case (h) won is
-    # chance): its arguments stay as they were
+    # lab-h200 (the canary) keeps the model length it has: its arguments stay as they were
     cmd = inspect(CHAT_CONTAINERS["lab-h200"])["cmd"]
     kept = int(cmd[cmd.index("--max-model-len") + 1])
     before, after, out = _upgraded({
