@@ -341,3 +341,40 @@ def test_the_flags_are_read_not_refused():
     for flag in speculative.FLAGS:
         assert engine_args.classify(flag) == "read", flag
         assert engine_args.refusal(flag) is None
+
+
+# --- the module -----------------------------------------------------------------------
+
+def _draft_folder(tmp_path):
+    """The EAGLE-3 draft's config.json and a one-tensor safetensors file (4 float16)."""
+    import shutil
+    import struct
+
+    folder = tmp_path / "draft"
+    folder.mkdir()
+    shutil.copy(os.path.join(DRAFT_DIR, "config.json"), folder / "config.json")
+    header = json.dumps({"fc.weight": {"dtype": "F16", "shape": [4],
+                                       "data_offsets": [0, 8]}}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header
+                                               + b"\0" * 8)
+    return str(folder)
+
+
+def test_vllm_tune_module_reads_speculative_model_path(tmp_path, monkeypatch):
+    import vllm_tune
+    from helpers import run_module
+
+    with open(os.path.join(MODELS, "llama-3.1-8b", "config.json")) as handle:
+        config = json.load(handle)
+    params = {"model_config": config, "weights_bytes": 16 * 10 ** 9, "gpus": H100,
+              "max_model_len": 8192, "extra_args": EAGLE3}
+    result, failed = run_module(vllm_tune.main, params, monkeypatch)
+    assert failed and "speculative_model_path" in result["msg"], result
+    params["speculative_model_path"] = _draft_folder(tmp_path)
+    result, failed = run_module(vllm_tune.main, params, monkeypatch)
+    assert not failed, result
+    assert result["settings"]["speculative"]["draft_weights_bytes"] == 8
+    assert result["settings"]["speculative"]["draft_layers"] == 1
+    params["speculative_model_path"] = str(tmp_path / "missing")
+    result, failed = run_module(vllm_tune.main, params, monkeypatch)
+    assert failed and "draft's config" in result["msg"], result
