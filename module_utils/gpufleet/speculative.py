@@ -40,9 +40,11 @@ What vLLM 0.32.0 does (read in the lab image gpufleet/vllm-cpu:lab; paths under 
   --async-scheduling given it is an error. The tokens a sliding-window group reserves
   for work in flight follow (gpufleet.tune.in_flight_tokens).
 - Weights: an EAGLE drafter loads its own checkpoint (its embed_tokens and lm_head are
-  the target's when the checkpoint has none: v1/spec_decode/eagle.py), so its bytes are
-  the draft folder's safetensors; DeepSeek-V4's MTP layer is in the target's checkpoint
-  (mtp.* tensors), which gpufleet already counts whole.
+  the target's when the checkpoint has none: v1/spec_decode/llm_base_proposer.py
+  _maybe_share_embeddings / _maybe_share_lm_head), so its bytes are the draft folder's
+  safetensors (an over-estimate where the checkpoint holds an embedding identical to
+  the target's, which vLLM shares); DeepSeek-V4's MTP layer is in the target's
+  checkpoint (mtp.* tensors), which gpufleet already counts whole.
 
 tests/differential/spec_vllm.py runs vLLM's own functions for Llama-3.1-8B + EAGLE-3
 and DeepSeek-V4 + MTP at TP 1/2/4/8; tests/unit/test_tune_speculative.py requires
