@@ -272,6 +272,9 @@ def apply(model, spec, tp, draft=None):
     "summary": what the plan reports, "reason": one sentence}. Raises SpeculativeError
     for what is not modelled, naming it."""
     method, tokens = spec["method"], spec["num_speculative_tokens"]
+    if model.get("kind") == "pooling":
+        raise SpeculativeError("speculative decoding is for generative models; this one is "
+                               "planned as a pooling model")
     draft_tp = spec.get("draft_tensor_parallel_size")
     if draft_tp is not None and str(draft_tp) != str(tp):
         raise SpeculativeError(

@@ -314,6 +314,14 @@ def test_eagle_refused_where_the_drafter_would_not_join_the_group():
         tune.plan(_llama8(), H100, max_model_len=8192, draft_model=_draft())
 
 
+def test_a_pooling_model_is_refused():
+    embed = m.describe_model_dir(os.path.join(MODELS, "qwen3-embedding-0.6b"),
+                                 weights_bytes=10 ** 9)
+    with pytest.raises(tune.TuneError, match="generative models"):
+        tune.plan(embed, H100, max_model_len=8192,
+                  extra_args=["--spec-method", "ngram", "--spec-tokens", "2"])
+
+
 def test_multi_module_mtp_is_refused():
     v4 = m.describe_model_dir(os.path.join(MODELS, "deepseek-v4-flash"),
                               weights_bytes=10 ** 9)
