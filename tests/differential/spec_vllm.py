@@ -5,7 +5,7 @@ Runs INSIDE the lab image (vllm 0.32.0, CPU build; no GPU, no weights):
     docker run --rm --network none -v /work/main:/src:ro --entrypoint python \
         gpufleet/vllm-cpu:lab /src/tests/differential/spec_vllm.py
 and prints one JSON document: for Llama-3.1-8B with an EAGLE-3 draft
-(tests/fixtures/models/eagle3-llama3-8b) and for DeepSeek-V4-Flash and -Pro with their
+(tests/fixtures/drafts/eagle3-llama3-8b) and for DeepSeek-V4-Flash and -Pro with their
 MTP layer, at TP 1/2/4/8, vLLM's own SpeculativeConfig (the method it resolves, the
 draft's layers, KV heads per GPU and head size, num_lookahead_tokens,
 num_prefill_lookahead_tokens), then the KV cache plan of the target's layers plus the
@@ -54,7 +54,7 @@ import deepseek_v4_vllm
 import vllm_kv_plan
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS_DIR = os.path.join(HERE, "..", "fixtures", "models")
+DRAFTS_DIR = os.path.join(HERE, "..", "fixtures", "drafts")
 TPS = (1, 2, 4, 8)
 FA = "vllm.v1.attention.backends.flash_attn:FlashAttentionBackend"
 EAGLE_DRAFT = "eagle3-llama3-8b"
@@ -130,12 +130,12 @@ def llama_specs(vc, sc, backend):
 def llama_case(model_dir, tp, max_len, tokens, derived):
     backend = _backend(FA)
     vc = vllm_kv_plan.make_config(model_dir, tp, 16, "auto", max_len)
-    sc = speculative(vc, method="eagle3", model=os.path.join(MODELS_DIR, EAGLE_DRAFT),
+    sc = speculative(vc, method="eagle3", model=os.path.join(DRAFTS_DIR, EAGLE_DRAFT),
                      num_speculative_tokens=tokens)
     case = {"tp": tp, "block_size": 16, "kv_cache_dtype": "auto",
             "available_bytes": vllm_kv_plan.AVAILABLE[tp],
             "max_model_len": vc.model_config.max_model_len,
-            "draft": f"tests/fixtures/models/{EAGLE_DRAFT}/config.json",
+            "draft": f"tests/fixtures/drafts/{EAGLE_DRAFT}/config.json",
             "speculative": spec_summary(vc, sc)}
     draft = sc.draft_model_config
     case["speculative"].update(

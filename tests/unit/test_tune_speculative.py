@@ -20,7 +20,7 @@ FIXTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-kv", "speculative.json")
 with open(FIXTURE) as handle:
     RECORDED = json.load(handle)
 MODELS = os.path.join(ROOT, "tests", "fixtures", "models")
-DRAFT_DIR = os.path.join(MODELS, "eagle3-llama3-8b")
+DRAFT_DIR = os.path.join(ROOT, "tests", "fixtures", "drafts", "eagle3-llama3-8b")
 DRAFT_BYTES = 850_000_000  # the fixture has no weights; about the published head's size
 MNBT = RECORDED["max_num_batched_tokens"]
 H100 = [{"memory_total_mib": 81559, "compute_capability": "9.0",
