@@ -156,6 +156,14 @@ options:
         than one GPU and off otherwise. It changes neither the weight bytes nor the
         KV cache per GPU.
     type: bool
+  speculative_model_path:
+    description:
+      - Folder on the managed host holding an EAGLE / EAGLE-3 draft's C(config.json) and
+        C(*.safetensors), for a C(--speculative-config) in O(extra_args) with method
+        C(eagle) or C(eagle3); the plan adds the draft's layers to the KV cache and its
+        weights to the GPUs'. Without it such a method is refused. The draft must also
+        be where C(--speculative-config)'s C(model) names it inside the container.
+    type: path
   extra_args:
     description:
       - More C(vllm serve) arguments, appended; flags renamed between vLLM versions are
@@ -166,10 +174,15 @@ options:
         docs/tuning.md). Refused, with what sets it instead, is one this module sets
         (C(--max-model-len), C(--max-num-batched-tokens), C(--block-size), ...), one
         vllm_server sets (C(--port), C(--served-model-name), ...) and one whose memory
-        this module does not model (C(--speculative-config),
-        C(--quantization), LoRA, offloading, ...). C(--enforce-eager),
-        C(--[no-]enable-prefix-caching) and C(--[no-]enable-chunked-prefill) are read
-        into RV(settings).
+        this module does not model (C(--quantization), LoRA, offloading, ...).
+        C(--enforce-eager), C(--[no-]enable-prefix-caching) and
+        C(--[no-]enable-chunked-prefill) are read into RV(settings).
+      - C(--speculative-config) (C(-sc), C(--spec-method), C(--spec-model),
+        C(--spec-tokens)) is read as vLLM 0.32.0 sizes it. Methods C(eagle) and
+        C(eagle3) (with O(speculative_model_path)) add the draft's layers and weights,
+        C(mtp) on DeepSeek-V4 adds its MTP layer's sliding-window cache, C(ngram) turns
+        async scheduling off; other methods and keys are refused by name
+        (module_utils/gpufleet/speculative.py, docs/tuning.md).
       - A model whose config class only its repository defines (EXAONE 3.x, InternLM2,
         GTE-new) is planned only when this holds C(--trust-remote-code), which runs the
         repository's Python in vLLM; the module never adds it.
@@ -228,6 +241,9 @@ settings:
       C(convert), C(enable_prefix_caching), C(enable_chunked_prefill), C(enforce_eager),
       C(enable_expert_parallel),
       C(docker) (for example C(ipc_mode=host) when tensor or pipeline parallel) and C(env).
+    - With a C(--speculative-config) in O(extra_args), C(speculative) (C(method),
+      C(num_speculative_tokens), C(draft_layers), C(draft_weights_bytes) for an EAGLE
+      draft, C(async_scheduling)).
   returned: success
   type: dict
 prediction:
@@ -242,6 +258,8 @@ prediction:
       size, window, layers and bytes per block), C(bytes_per_block),
       C(blocks_per_request) and C(fixed_blocks_per_request) (the part that does not
       grow with context).
+    - With speculative decoding, C(kv_bytes_per_token) and C(weights_bytes_per_gpu)
+      include the drafter's layers and weights.
     - With O(pipeline_parallel_size) above 1, C(pipeline_stages) (each stage's
       C(layers) [start, end), C(weights_bytes_per_gpu), C(kv_cache_bytes),
       C(bytes_per_block) and C(num_blocks)); C(weights_bytes_per_gpu),
@@ -272,6 +290,7 @@ from ansible.module_utils.gpufleet.model import (
     describe_model_dir,
     model_summary,
 )
+from ansible.module_utils.gpufleet.speculative import SpeculativeError, describe_draft
 from ansible.module_utils.gpufleet.tune import (
     DEFAULT_VLLM_VERSION,
     NoFitError,
@@ -308,6 +327,7 @@ def main():
             enforce_eager=dict(type="bool", default=False),
             block_size=dict(type="int"),
             expert_parallel=dict(type="bool"),
+            speculative_model_path=dict(type="path"),
             extra_args=dict(type="list", elements="str", default=[]),
         ),
         required_one_of=[("model_path", "model_config")],
@@ -352,6 +372,12 @@ def main():
                                     source="model_config (config.json)")
     except ModelError as exc:
         module.fail_json(msg=str(exc), changed=False, reasons=[])
+    draft = None
+    if p["speculative_model_path"]:
+        try:
+            draft = describe_draft(p["speculative_model_path"])
+        except SpeculativeError as exc:
+            module.fail_json(msg=str(exc), changed=False, reasons=[])
 
     try:
         result = plan(
@@ -365,7 +391,7 @@ def main():
             allow_long_context=p["allow_long_context"],
             overhead_bytes=p["overhead_bytes"], enforce_eager=p["enforce_eager"],
             block_size=p["block_size"], expert_parallel=p["expert_parallel"],
-            pipeline_parallel_size=p["pipeline_parallel_size"])
+            pipeline_parallel_size=p["pipeline_parallel_size"], draft_model=draft)
     except NoFitError as exc:
         module.fail_json(msg=str(exc), changed=False, model=model_summary(model),
                          **exc.result)

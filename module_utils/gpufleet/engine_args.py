@@ -79,7 +79,6 @@ SERVER = {
                      "(serve.device_request); the plan is for all of them"),
 }
 
-_SPEC = "speculative decoding is not modelled (issue #34 item 2)"
 _DP = ("data parallelism in one container is not modelled: gpufleet runs one instance per "
        "GPU group (the model entry's replicas)")
 _CP = "context parallelism is not modelled (the KV cache per GPU would differ)"
@@ -122,8 +121,6 @@ _CONCURRENCY = "fewer requests would run at once than the option target_concurre
 
 # flag -> why it is refused
 NOT_MODELLED = {
-    "--speculative-config": _SPEC, "-sc": _SPEC, "--spec-method": _SPEC,
-    "--spec-model": _SPEC, "--spec-tokens": _SPEC,
     "--data-parallel-size": _DP, "-dp": _DP, "--data-parallel-size-local": _DP, "-dpl": _DP,
     "--decode-context-parallel-size": _CP, "-dcp": _CP,
     "--prefill-context-parallel-size": _CP, "-pcp": _CP,
@@ -234,6 +231,8 @@ NOT_MODELLED = {
                               "(config/scheduler.py max_num_active_seqs): " + _CONCURRENCY),
 }
 
+_SPEC_READ = ("speculative decoding: eagle/eagle3 (with the option speculative_model_path), "
+              "mtp (DeepSeek-V4) and ngram are planned; other methods are refused by name")
 # flags the tuner reads from extra_args (its prediction follows them)
 READ = {
     "--hf-overrides": ("only an architecture rename (the fields the plan reads come from "
@@ -247,6 +246,10 @@ READ = {
     "--no-enable-prefix-caching": "no prefix caching",
     "--enable-chunked-prefill": "chunked prefill (the tuner's default: on)",
     "--no-enable-chunked-prefill": "no chunked prefill",
+    # issue #34 item 2: gpufleet.speculative (the drafter's KV layers and weights,
+    # async scheduling); methods and keys it does not model are refused there, by name
+    "--speculative-config": _SPEC_READ, "-sc": _SPEC_READ,
+    "--spec-method": _SPEC_READ, "--spec-model": _SPEC_READ, "--spec-tokens": _SPEC_READ,
 }
 
 _ONLY_WITH = "it acts only with {}, which is refused"
@@ -288,8 +291,9 @@ PASSED = {
     "--mamba-ssu-algorithm": _MAMBA_KERNEL,
     "--enable-mamba-cache-stochastic-rounding": _MAMBA_KERNEL,
     "--mamba-cache-philox-rounds": _MAMBA_KERNEL,
-    "--enable-mamba-shared-prefix-checkpoint": (_ONLY_WITH.format("EAGLE speculative decoding")
-                                                + " (config/cache.py)"),
+    "--enable-mamba-shared-prefix-checkpoint": ("it acts only with EAGLE speculative decoding "
+                                                "on a Mamba or hybrid model (config/cache.py), "
+                                                "which gpufleet.speculative refuses"),
     "--gdn-prefill-backend": _LINEAR_KERNEL, "--kda-prefill-backend": _LINEAR_KERNEL,
     "--kda-decode-backend": _LINEAR_KERNEL,
     "--additional-config": ("in vLLM 0.32.0 read only for the gdn/kda kernel choices "

@@ -1154,6 +1154,9 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         if {model_type, str(cfg.get("model_type") or "")} & REMOTE_CONFIG_MODEL_TYPES
         else None,
         "deepseek_v4": v4,
+        # MTP layers the checkpoint holds (DeepSeek V3/V4 ...): what --speculative-config
+        # method mtp runs (gpufleet.speculative)
+        "num_nextn_predict_layers": text.get("num_nextn_predict_layers"),
         "weights_bytes": weights_bytes,
         "weights_source": weights_source,
         "weights_dtype": weights_dtype,

@@ -24,6 +24,11 @@ vllm/v1/worker/gpu_worker.py):
   layers; get_kv_cache_configs projects the whole model's groups onto each stage and
   gives every worker the smallest num_blocks (pp_layer_ranges, pp_stage_layout,
   _evaluate_pp; checked against vLLM 0.32.0 in tests/unit/test_tune_pipeline_parallel.py).
+- Speculative decoding (--speculative-config in extra_args): gpufleet.speculative adds
+  the drafter's KV cache layers (EAGLE / EAGLE-3 draft layers, DeepSeek-V4's MTP
+  sliding-window caches) to the model planned, its weights to the GPUs', and switches
+  async scheduling off for ngram, as vLLM 0.32.0 does (checked against vLLM in
+  tests/unit/test_tune_speculative.py).
 - Budget: vllm/v1/worker/gpu_worker.py determine_available_memory:
   total * gpu_memory_utilization - peak memory (weights + activations + non-torch).
   The activation/graph part is an estimate here (estimate_overhead_bytes), see
@@ -34,7 +39,7 @@ from __future__ import annotations
 import math
 import re
 
-from . import deepseek_v4, engine_args
+from . import deepseek_v4, engine_args, speculative
 from .arch import ARCHITECTURES, ArchError, architecture, parse_compute_capability
 
 __all__ = [
@@ -1171,10 +1176,12 @@ def _evaluate(ctx, tp):
     """KV budget and the longest fitting context for one TP size."""
     if ctx.get("pp", 1) > 1:
         return _evaluate_pp(ctx, tp, ctx["pp"])
-    model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
+    hw, opts = ctx["hw"], ctx["opts"]
+    applied = _spec_apply(ctx, tp)
+    model = applied["model"]
     layout = kv_layout(model, tp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
                        ctx["async"])
-    weights_per_gpu = ctx["weights"] // tp
+    weights_per_gpu = (ctx["weights"] + applied["draft_weights_bytes"]) // tp
     target_len = opts["wanted_len"] or opts["limit"]
     batched = max(ctx["mnbt"], target_len) if ctx["pooling"] else ctx["mnbt"]
     if ctx["overhead_bytes"] is not None:
@@ -1271,12 +1278,61 @@ def _check_pp(model, hw, pp):
                         f"{hw['gpu_count']}")
 
 
+def _speculative(extra_args, hw, pp, draft_model):
+    """The speculative configuration extra_args asks for (speculative.read), or None;
+    TuneError where gpufleet does not plan it."""
+    try:
+        spec = speculative.read(extra_args)
+    except speculative.SpeculativeError as exc:
+        raise TuneError(str(exc)) from None
+    if spec is None:
+        if draft_model is not None:
+            raise TuneError("speculative_model_path is set but extra_args holds no "
+                            "--speculative-config naming an EAGLE draft")
+        return None
+    if hw["cpu"]:
+        raise TuneError("speculative decoding on vLLM's CPU backend is not modelled")
+    if pp > 1:
+        raise TuneError("speculative decoding with pipeline_parallel_size > 1 is not "
+                        "modelled; set pipeline_parallel_size 1")
+    if spec["method"] == "ngram" and "--async-scheduling" in extra_args:
+        raise TuneError("--async-scheduling with ngram speculative decoding: vLLM refuses "
+                        "it ('async scheduling is only supported with EAGLE/MTP/Draft "
+                        "Model/NGram GPU/DSpark/DFlash'); remove --async-scheduling")
+    if draft_model is not None and spec["method"] not in ("eagle", "eagle3"):
+        raise TuneError(f"speculative_model_path is set but the method is {spec['method']}, "
+                        "which has no separate draft; leave it out")
+    return spec
+
+
+def _spec_apply(ctx, tp):
+    """speculative.apply at tensor-parallel size tp (the model as planned, the draft's
+    weight bytes); the model unchanged without speculative decoding."""
+    if ctx.get("spec") is None:
+        return {"model": ctx["model"], "draft_weights_bytes": 0}
+    try:
+        return speculative.apply(ctx["model"], ctx["spec"], tp, ctx.get("draft"))
+    except speculative.SpeculativeError as exc:
+        raise TuneError(str(exc)) from None
+
+
+def _spec_problem(ctx, tp):
+    """Why speculative decoding is not planned at tp, or None."""
+    try:
+        _spec_apply(ctx, tp)
+    except TuneError as exc:
+        return str(exc)
+    return None
+
+
 def _choose_tp(ctx, tensor_parallel_size):
     """The evaluation of the chosen TP size, and a reason; NoFitError when none fits."""
     model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
     if str(tensor_parallel_size).lower() != "auto":
         tp = int(tensor_parallel_size)
         problem = tp_problem(model, tp)
+        if not problem and _spec_problem(ctx, tp):
+            raise TuneError(_spec_problem(ctx, tp))
         if problem:
             valid = ", ".join(str(t) for t in range(1, 9) if not tp_problem(model, t))
             raise TuneError(f"tensor_parallel_size {tp} is refused: {problem} (vLLM "
@@ -1292,6 +1348,10 @@ def _choose_tp(ctx, tensor_parallel_size):
     else:
         candidates = [t for t in range(1, hw["gpu_count"] // ctx.get("pp", 1) + 1)
                       if not tp_problem(model, t)]
+        spec_ok = [t for t in candidates if not _spec_problem(ctx, t)]
+        if candidates and not spec_ok:
+            raise TuneError(_spec_problem(ctx, candidates[0]))
+        candidates = spec_ok
     evaluations = [_evaluate(ctx, t) for t in candidates]
     chosen = next((ev for ev in evaluations if ev["fits"]), None)
     requests = opts["requests"]
@@ -1430,11 +1490,13 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
          kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
          tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
          overhead_bytes=None, enforce_eager=False, block_size=None, expert_parallel=None,
-         pipeline_parallel_size=1):
+         pipeline_parallel_size=1, draft_model=None):
     """Choose vLLM settings for `model` on `gpus`; see the module docstring.
 
     Returns {"args", "settings", "prediction", "reasons"}. Raises TuneError for bad
     input and NoFitError (with `nearest` and the partial result) when nothing fits.
+    draft_model: the EAGLE draft's description (speculative.describe_draft) when
+    extra_args' --speculative-config names one.
     """
     reasons = []
     extra_args = check_extra_args(extra_args)
@@ -1474,18 +1536,25 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         kv_dtype = _check_per_kind_backend(model, hw, kv_dtype, kv_cache_dtype, reasons)
     default_mnbt, default_seqs = hw["defaults"]
     max_num_seqs = int(target_concurrency) if target_concurrency else default_seqs
+    spec = _speculative(extra_args, hw, pp, draft_model)
     ctx = {"model": model, "hw": hw, "opts": opts, "kv_dtype": kv_dtype,
            "act_bytes": act_bytes, "weights": _served_weights(model, act_bytes, reasons),
            "pooling": model["kind"] == "pooling", "max_num_seqs": max_num_seqs,
            "mnbt": max(default_mnbt, max_num_seqs), "overhead_bytes": overhead_bytes,
            "enforce_eager": enforce_eager, "target_concurrency": target_concurrency,
            "async": async_scheduling(hw["cpu"], model["kind"] == "pooling", extra_args),
-           "extra": extra_args, "pp": pp,
+           "extra": extra_args, "pp": pp, "spec": spec, "draft": draft_model,
            "result": {"settings": settings, "reasons": reasons}}
 
+    if spec is not None and spec["method"] == "ngram":
+        ctx["async"] = False  # VllmConfig.__post_init__ (_speculative refused --async-scheduling)
     chosen, tp_reason = _choose_tp(ctx, tensor_parallel_size)
     reasons.append(tp_reason)
     tp, layout = chosen["tp"], chosen["layout"]
+    if spec is not None:
+        applied = _spec_apply(ctx, tp)
+        reasons.append(applied["reason"])
+        settings["speculative"] = applied["summary"]
     final_len = opts["wanted_len"] or min(chosen["fit_len"], opts["limit"])
     if ctx["pooling"]:
         ctx["mnbt"] = max(ctx["mnbt"], final_len)
@@ -1528,6 +1597,9 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         "docker": docker, "env": env, "enable_expert_parallel": ep,
         "emit_block_size": model["attention"] == "deepseek_v4",
     })
+    if spec is not None:
+        settings["speculative"] = dict(settings["speculative"],
+                                       async_scheduling=bool(ctx["async"]))
     result = ctx["result"]
     result["prediction"] = {
         "kv_bytes_per_token": layout["per_token_layer_bytes"] * layout["num_layers"],
@@ -1649,7 +1721,8 @@ def _raise_no_fit(ctx, evaluations):
         for tp in range(1, 65):
             if tp * pp <= hw["gpu_count"]:
                 continue
-            if not tp_problem(model, tp) and _evaluate(ctx, tp)["fits"]:
+            if not tp_problem(model, tp) and not _spec_problem(ctx, tp) \
+                    and _evaluate(ctx, tp)["fits"]:
                 nearest["gpus_needed"] = tp * pp
                 parts.append(f"needs {tp * pp} GPUs (tensor_parallel_size {tp}"
                              + (f" x pipeline_parallel_size {pp})" if pp > 1 else ")"))
