@@ -29,6 +29,9 @@ import sys
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "module_utils"))
+from gpufleet import grammar  # noqa: E402  (the one port rule)
+
 PROFILES = ROOT / "lab" / "profiles.yml"
 GROUP_VARS = ROOT / "inventories" / "lab_fleet" / "group_vars"
 MAX_HOSTS = 99
@@ -41,8 +44,12 @@ def fleet_hosts(n, profiles, port_base=2200):
     profiles = list(profiles)
     if not profiles:
         raise ValueError("no lab profiles")
-    if not (1024 <= port_base + 1 and port_base + n <= 65535):
-        raise ValueError(f"ports {port_base + 1}..{port_base + n} are not all usable")
+    try:  # the lab keeps to ports from 1024 up; the last one must be a TCP port
+        if port_base + 1 < 1024:
+            raise grammar.GrammarError(f"port {port_base + 1} is below 1024")
+        grammar.port(port_base + n, "the last host's port")
+    except grammar.GrammarError as exc:
+        raise ValueError(f"ports {port_base + 1}..{port_base + n} are not all usable: {exc}") from None
     return [{"name": f"fleet-{i:02d}", "profile": profiles[(i - 1) % len(profiles)], "port": port_base + i}
             for i in range(1, n + 1)]
 

@@ -76,7 +76,7 @@ EXAMPLES = r"""
   host_state:
     state: record
     inputs_digest: "{{ __gpufleet_state_digest }}"
-    published: "{{ __vllm_server_plan | gpufleet_state_published(__vllm_server_tunes) }}"
+    published: "{{ vllm_server_plan | gpufleet_state_published(vllm_server_tunes) }}"
 """
 
 RETURN = r"""

@@ -43,8 +43,8 @@ EXAMPLES = r"""
 - name: Write the fleet's serving instances
   vllm_instances:
     path: /srv/gpufleet/vllm-instances.json
-    plans: "{{ ansible_play_hosts_all | map('extract', hostvars) | selectattr('__vllm_server_plan', 'defined')
-               | map(attribute='__vllm_server_plan') | list }}"
+    plans: "{{ ansible_play_hosts_all | map('extract', hostvars) | selectattr('vllm_server_plan', 'defined')
+               | map(attribute='vllm_server_plan') | list }}"
   delegate_to: localhost
   run_once: true
 """

@@ -159,7 +159,7 @@ EXAMPLES = r"""
 - name: Plan this host's vLLM containers
   vllm_serve_plan:
     models: "{{ vllm_server_models }}"
-    tunes: "{{ __vllm_server_tunes.results }}"
+    tunes: "{{ vllm_server_tunes.results }}"
     image: vllm/vllm-openai:v0.32.0
     image_id: "{{ __vllm_server_image.images[0].Id }}"
     gpu_indexes: "{{ ansible_facts.gpu.devices | map(attribute='index') | list }}"

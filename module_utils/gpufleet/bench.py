@@ -100,6 +100,7 @@ import os
 import re
 import warnings
 
+from . import grammar
 from .upgrade import parse_metrics
 
 __all__ = [
@@ -786,9 +787,10 @@ def split_target(target):
     if not match:
         raise BenchError(f"target {target!r} is not ADDRESS:PORT")
     address = match.group(1) or match.group(3)
-    port = int(match.group(2) or match.group(4))
-    if not 0 < port < 65536:
-        raise BenchError(f"target {target!r}: port {port} is not 1-65535")
+    try:
+        port = grammar.port(match.group(2) or match.group(4), f"target {target!r}: port")
+    except grammar.GrammarError as exc:
+        raise BenchError(str(exc)) from None
     return address, port
 
 

@@ -66,9 +66,7 @@ def safe_name(text):
 def server_name(host, port):
     """The HAProxy server name of the instance of inventory host `host` on `port`:
     `<host>_<port>`, stable across runs (no index, no order)."""
-    port = int(port)
-    if not 0 < port < 65536:
-        raise GatewayError(f"port {port} of host {host} is not a TCP port (1-65535)")
+    port = _checked(grammar.port, port, f"port of host {host}")
     return f"{safe_name(host)}_{port}"
 
 
@@ -117,8 +115,12 @@ def load_instances(data, source="the instances file"):
             raise GatewayError(f"{where} ({targets[0]}) has no label {', '.join(missing)}: "
                                "write the file with the vllm_server role")
         address, sep, port = targets[0].rpartition(":")
-        if not sep or not address or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not address:
             raise GatewayError(f"{where}: target {targets[0]!r:.120} is not ADDRESS:PORT")
+        try:
+            grammar.port(port, "its port")
+        except grammar.GrammarError as exc:
+            raise GatewayError(f"{where}: target {targets[0]!r:.120} is not ADDRESS:PORT ({exc})") from None
         # what reaches haproxy.cfg: the address, the served name and the host (issue #32)
         _checked(grammar.address, address, f"{where}: the target's address")
         _checked(grammar.served_model_name, labels["served_model_name"], f"{where}: label served_model_name")
@@ -141,15 +143,6 @@ def load_instances(data, source="the instances file"):
 
 
 # ----------------------------------------------------------------- plan
-def _port(value, what):
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().lstrip("-").isdigit():
-        raise GatewayError(f"{what}: {value!r:.80} is not a port number")
-    try:
-        return grammar.port(str(value).strip(), what)
-    except grammar.GrammarError:
-        raise GatewayError(f"{what}: {value} is not a TCP port (1-65535)") from None
-
-
 def plan_gateway(instances, frontends, metrics_port):
     """Frontends with their backend servers, from loaded instances and
     vllm_gateway_frontends ([{served_model_name, port}]). Refuses a frontend whose model
@@ -160,7 +153,7 @@ def plan_gateway(instances, frontends, metrics_port):
     if not isinstance(frontends, list) or not frontends:
         raise GatewayError("vllm_gateway_frontends is empty: list one {served_model_name, port} "
                            "per model the gateway serves")
-    ports = {_port(metrics_port, "vllm_gateway_metrics_port"): "the metrics/stats frontend "
+    ports = {_checked(grammar.port, metrics_port, "vllm_gateway_metrics_port"): "the metrics/stats frontend "
              "(vllm_gateway_metrics_port)"}
     by_model, names, planned = {}, {}, []
     for instance in instances:
@@ -170,7 +163,7 @@ def plan_gateway(instances, frontends, metrics_port):
             raise GatewayError(f"vllm_gateway_frontends[{index}] needs served_model_name and port")
         model = _checked(grammar.served_model_name, frontend["served_model_name"],
                          f"vllm_gateway_frontends[{index}] served_model_name")
-        port = _port(frontend.get("port"), f"vllm_gateway_frontends[{index}] ({model}) port")
+        port = _checked(grammar.port, frontend.get("port"), f"vllm_gateway_frontends[{index}] ({model}) port")
         if port in ports:
             raise GatewayError(f"port {port} of the frontend for {model} is already taken by "
                                f"{ports[port]}: give each frontend its own port in "

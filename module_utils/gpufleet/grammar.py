@@ -91,12 +91,13 @@ def address(value, what="address"):
 
 
 def port(value, what="port"):
-    """A TCP port, 1-65535 (an int, or a string of digits)."""
-    if isinstance(value, bool):
-        raise GrammarError(f"{what} must be a whole number 1-65535, got {value!r}")
-    text = str(value) if isinstance(value, (str, int)) else None
+    """A TCP port, 1-65535 (an int, or a string of digits: no sign, space or point).
+    The one port rule: serve, gateway, bench, the lab and every role's preflight (through
+    check_inputs) call it; tests/unit/test_grammar.py fails when the bound is written
+    anywhere else."""
+    text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
     if text is None or not text.isdigit() or not 0 < int(text) < 65536:
-        raise GrammarError(f"{what} must be a whole number 1-65535, got {value!r:.80}")
+        raise GrammarError(f"{what} {value!r:.80} is not a TCP port: use a whole number 1-65535")
     return int(text)
 
 

@@ -452,11 +452,11 @@ def _device_groups(gpu_indexes, tp, replicas_allowed, runtime):
 
 
 def _tcp_port(value, what):
-    """A TCP port (1-65535) from an int or a string of digits; PlanError naming `what`."""
+    """grammar.port's check of `value`, its refusal as a PlanError."""
     try:
-        return grammar.port(value.strip() if isinstance(value, str) else value, what)
-    except grammar.GrammarError:
-        raise PlanError(f"{what} {value!r} is not a TCP port: use an integer from 1 to 65535") from None
+        return grammar.port(value, what)
+    except grammar.GrammarError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def _check_bind_address(address):
@@ -554,9 +554,11 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
     groups = _device_groups(indexes, tp, replicas_allowed, gpu_runtime)
     port = _tcp_port(model.get("port") or default_port,
                      f"port of model {model['name']!r} (its `port`, or the default port)")
-    if port + len(groups) - 1 > 65535:
+    try:  # the replicas take consecutive ports: the last one must be a port too
+        grammar.port(port + len(groups) - 1, "port")
+    except grammar.GrammarError as exc:
         raise PlanError(f"model {model['name']!r} has {len(groups)} replicas on ports {port} "
-                        f"to {port + len(groups) - 1}, above 65535: give it a lower `port`")
+                        f"to {port + len(groups) - 1}: {exc}; give it a lower `port`") from None
     _check_bind_address(bind_address)
     mount = f"{model_mount_root.rstrip('/')}/{slug(model['name'])}"
     try:  # it is written into the fleet's list, HAProxy's and Prometheus' files (issue #32)

@@ -248,3 +248,131 @@ def test_the_license_file_is_the_one_every_role_names():
     for meta in sorted(ROOT.glob("roles/*/meta/main.yml")):
         info = yaml.safe_load(meta.read_text())["galaxy_info"]
         assert info["license"] == "Apache-2.0", meta
+
+
+# ---------------------------------------------------------------------------
+# A role's private variables stay in the role; its results others read are facts
+# ---------------------------------------------------------------------------
+
+def _walk_tasks(tasks):
+    for task in tasks or []:
+        if isinstance(task, dict):
+            yield task
+            for key in ("block", "rescue", "always"):
+                yield from _walk_tasks(task.get(key))
+
+
+def _inventory_names(root):
+    """The host and group names roles make at run time (add_host name and groups,
+    group_by key): names, not variables, though they are spelt __<role>_ too."""
+    names = set()
+    for path in sorted(root.glob("roles/*/tasks/*.yml")):
+        for task in _walk_tasks(yaml.safe_load(path.read_text())):
+            for module in ("ansible.builtin.add_host", "add_host"):
+                args = task.get(module) or {}
+                names.add(args.get("name"))
+                groups = args.get("groups") or []
+                names.update([groups] if isinstance(groups, str) else groups)
+            for module in ("ansible.builtin.group_by", "group_by"):
+                names.add((task.get(module) or {}).get("key"))
+    return {n for n in names if isinstance(n, str) and n.startswith("__")}
+
+
+def _private_reads(root):
+    """'path:line: __<role>_name' for each use of a role's private (__<role>_) variable
+    in a YAML file or template that is not the role's own: outside roles/<role>/ and its
+    scenario molecule/<role>/."""
+    import os
+    import re
+
+    roles = sorted((p.name for p in (root / "roles").iterdir() if p.is_dir()), key=len, reverse=True)
+    private = re.compile(r"(?<!\w)__(%s)_\w+" % "|".join(roles))
+    names = _inventory_names(root)
+    paths = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # .git, .venv, .cache
+        paths += [pathlib.Path(folder, f) for f in files if f.endswith((".yml", ".yaml", ".j2"))]
+    found = []
+    for path in sorted(paths):
+        rel = path.relative_to(root)
+        owner = rel.parts[1] if rel.parts[0] in ("roles", "molecule") and len(rel.parts) > 2 else None
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for match in private.finditer(line):
+                if match.group(1) != owner and match.group(0) not in names:
+                    found.append(f"{rel}:{number}: {match.group(0)}")
+    return found
+
+
+def test_no_file_reads_another_roles_private_variables():
+    """A role's registered results and internals (__<role>_...) are read only inside the
+    role (and its own Molecule scenario); what others need is a documented public fact
+    (test_every_public_result_of_a_role_is_documented)."""
+    assert _private_reads(ROOT) == []
+
+
+def test_control_a_read_of_another_roles_private_variable_is_found(tmp_path):
+    """The reads the tree had before vllm_server_plan was public are found; the role's
+    own reads, its scenario's, prose and add_host names are not."""
+    files = {
+        "roles/vllm_server/tasks/plan.yml": "- register: __vllm_server_plan\n",
+        "roles/vllm_server/defaults/main.yml": "vllm_server_port: 8000\n",
+        "roles/fleet_upgrade/tasks/gates.yml": (
+            "- add_host: {name: __fleet_upgrade_planner, groups: [__fleet_upgrade_order]}\n"
+            "- debug: {msg: \"{{ __vllm_server_plan.instances }}\"}\n"
+            "- debug: {msg: \"{{ hostvars['__fleet_upgrade_planner'].x + __fleet_upgrade_y }}\"}\n"),
+        "site.yml": "- set_fact: {__vllm_server_plan: 1}\n",
+        "playbooks/templates/summary.j2": "{{ hv.__vllm_server_tunes }}\n",
+        "molecule/fleet_upgrade/prepare.yml": "- debug: {msg: \"{{ __vllm_server_plan }}\"}\n",
+        "molecule/vllm_server/verify.yml": "- debug: {msg: \"{{ __vllm_server_plan }}\"}\n",
+        "docs/x.md": "__vllm_server_plan\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert _private_reads(tmp_path) == [
+        "molecule/fleet_upgrade/prepare.yml:1: __vllm_server_plan",
+        "playbooks/templates/summary.j2:1: __vllm_server_tunes",
+        "roles/fleet_upgrade/tasks/gates.yml:2: __vllm_server_plan",
+        "site.yml:1: __vllm_server_plan"]
+
+
+def _public_results(role):
+    """The variables a role's tasks register or set that are not private (no leading _)."""
+    names = set()
+    for path in sorted((role / "tasks").glob("*.yml")):
+        for task in _walk_tasks(yaml.safe_load(path.read_text())):
+            if isinstance(task.get("register"), str):
+                names.add(task["register"])
+            for module in ("ansible.builtin.set_fact", "set_fact"):
+                if isinstance(task.get(module), dict):
+                    names.update(k for k in task[module] if k != "cacheable")
+    return {n for n in names if not n.startswith("_")}
+
+
+def test_control_public_results_are_found_in_blocks_and_set_facts(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "main.yml").write_text(yaml.safe_dump([
+        {"name": "R | a", "ansible.builtin.command": "true", "register": "__r_private"},
+        {"name": "R | b", "block": [{"name": "R | c", "ansible.builtin.set_fact": {
+            "r_plan": 1, "__r_x": 2, "cacheable": True}, "register": "r_out"}]}]))
+    assert _public_results(tmp_path) == {"r_plan", "r_out"}
+
+
+# Public results not named <role>_..., and why.
+UNPREFIXED_RESULTS = {
+    # fleet_benchmark sets it, roles/fleet_upgrade reads it beside benchmark_load_rps,
+    # which the operator sets: one name for the pair of figures the capacity gate compares
+    "benchmark_knee_rps": "fleet_benchmark",
+}
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_every_public_result_of_a_role_is_documented(role):
+    """A result a role leaves for others is named <role>_<what> (or listed above), is no
+    input (not in defaults/main.yml) and is described in the README or docs/."""
+    docs = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    for name in sorted(_public_results(role)):
+        assert name.startswith(role.name + "_") or UNPREFIXED_RESULTS.get(name) == role.name, (
+            f"{role.name} sets {name}: name it {role.name}_..., or __{role.name}_... if only the role reads it")
+        assert name not in _defaults(role), f"{role.name}: {name} is an input and a result"
+        assert f"`{name}`" in docs, f"{role.name} sets {name} for others: say in the README or docs/ what it holds"

@@ -142,9 +142,9 @@ def test_plan_lists_models_no_frontend_takes():
      r"the metrics/stats frontend \(vllm_gateway_metrics_port\)"),
     ([FRONTENDS[0], dict(FRONTENDS[0], port=9005)], 8405, "is listed twice"),
     ([{"port": 9000}], 8405, r"vllm_gateway_frontends\[0\] needs served_model_name and port"),
-    ([dict(FRONTENDS[0], port="http")], 8405, "'http' is not a port number"),
+    ([dict(FRONTENDS[0], port="http")], 8405, "'http' is not a TCP port"),
     ([dict(FRONTENDS[0], port=0)], 8405, "0 is not a TCP port"),
-    (FRONTENDS, 70000, "vllm_gateway_metrics_port: 70000 is not a TCP port"),
+    (FRONTENDS, 70000, "vllm_gateway_metrics_port 70000 is not a TCP port: use a whole number 1-65535"),
 ])
 def test_plan_refuses(frontends, metrics_port, message):
     with pytest.raises(gateway.GatewayError, match=message):

@@ -73,6 +73,95 @@ def test_good_ports():
     assert grammar.port(8000) == 8000 and grammar.port("65535") == 65535
 
 
+# --- one port rule --------------------------------------------------------------------------
+# The bound of a TCP port written as a number (65535, 65536, 2 ** 16, 1 << 16; not 0xffff,
+# which module_utils/gpufleet/gpu.py uses as a mask of PCI ids).
+_PORT_BOUND = r"(?<![\w.])(?:6553[56]|2\s*\*\*\s*16|1\s*<<\s*16)(?![\w.])"
+# Where code, templates and role files live; the prose of docs/ and README may say the rule.
+_CODE = ("module_utils", "library", "plugins", "roles", "playbooks", "site.yml", "lab",
+         "scripts", "molecule", "inventories")
+_CODE_SUFFIXES = (".py", ".yml", ".yaml", ".j2", ".sh", ".cfg", ".ini")
+
+
+def _port_bound_copies(root):
+    """'path:line: text' for every port bound written outside grammar.port."""
+    import re
+
+    found = []
+    for top in _CODE:
+        path = root / top
+        for f in [path] if path.is_file() else sorted(path.rglob("*")) if path.is_dir() else []:
+            if not f.is_file() or f.suffix not in _CODE_SUFFIXES or f == root / "module_utils/gpufleet/grammar.py":
+                continue
+            for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+                if re.search(_PORT_BOUND, line):
+                    found.append(f"{f.relative_to(root)}:{n}: {line.strip()}")
+    return found
+
+
+def test_the_port_rule_is_written_once():
+    """grammar.port is the one rule of what a TCP port is: serve, gateway, bench and the
+    lab call it, roles check ports with it (gpufleet_bad_inputs) and keep argument_spec
+    type int. A second copy of the bound is found here."""
+    assert (ROOT / "module_utils/gpufleet/grammar.py").read_text().count("65536") == 1
+    assert _port_bound_copies(ROOT) == []
+
+
+def test_control_a_second_copy_of_the_port_rule_is_found(tmp_path):
+    """The scan above finds the copies the code had before grammar.port was the only one."""
+    for rel, line in (("module_utils/gpufleet/gateway.py", "    if not 0 < port < 65536:"),
+                      ("roles/r/tasks/preflight.yml", "    that: r_port | int <= 65535"),
+                      ("lab/fleet.py", "    if port_base + n >= 1 << 16:"),
+                      ("playbooks/templates/x.j2", "{% if port < 2 ** 16 %}")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f"# a file\n{line}\n")
+    (tmp_path / "module_utils/gpufleet/grammar.py").write_text("if not 0 < int(text) < 65536:\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/x.md").write_text("a port is 1-65535\n")  # prose: not a copy
+    assert sorted(_port_bound_copies(tmp_path)) == [
+        "lab/fleet.py:2: if port_base + n >= 1 << 16:",
+        "module_utils/gpufleet/gateway.py:2: if not 0 < port < 65536:",
+        "playbooks/templates/x.j2:2: {% if port < 2 ** 16 %}",
+        "roles/r/tasks/preflight.yml:2: that: r_port | int <= 65535"]
+
+
+# Values at and around the rule's edges, of every type an inventory or a file gives.
+_PORT_CASES = [1, 8000, "8000", 65535, "65535", 0, 65536, "65536", -1, "-1", " 80", "80 ",
+               "8o", "", "1\nbind :1", True, None, 1.5, "80.5"]
+
+
+@pytest.mark.parametrize("value", _PORT_CASES, ids=repr)
+def test_every_use_of_a_port_agrees_with_grammar_port(value):
+    """serve (a model's port), gateway (a frontend's port, the metrics port, a server
+    name, an instance's target), bench (a target) and a role's preflight (check_inputs)
+    accept exactly the ports grammar.port accepts, as the same number."""
+    from gpufleet import bench
+
+    def outcome(call):
+        try:
+            return call()
+        except ValueError:
+            return "refused"
+
+    try:
+        expected = grammar.port(value)
+    except grammar.GrammarError:
+        expected = "refused"
+    target = f"10.0.0.1:{value}"
+    uses = {
+        "serve": outcome(lambda: serve._tcp_port(value, "port")),
+        "gateway server name": outcome(lambda: int(gateway.server_name("h", value).rpartition("_")[2])),
+        "gateway metrics port": outcome(lambda: gateway.plan_gateway(
+            gateway.load_instances([_entry(port=8000)]), [{"served_model_name": "chat", "port": 9000}],
+            value) and int(value)),
+        "check_inputs": "refused" if grammar.check_inputs({"p": ["port", value]}) else int(value),
+    }
+    if isinstance(value, (int, str)) and not isinstance(value, bool):  # what a target can hold
+        uses["gateway target"] = outcome(lambda: gateway.load_instances([_entry(port=value)])[0]["port"])
+        uses["bench target"] = outcome(lambda: bench.split_target(target)[1])
+    assert uses == dict.fromkeys(uses, expected)
+
+
 # --- at the boundaries --------------------------------------------------------------------
 def _entry(address="127.0.0.1", served="chat", host="gpu-a", port=8000):
     return {"targets": [f"{address}:{port}"],
@@ -328,7 +417,7 @@ def test_the_site_mirror_preflight_refuses_a_hostile_root_and_port(tmp_path):
         "hf_site_mirror_models": models, "hf_site_mirror_root": "/srv/hf;\n    include /etc/shadow",
         "hf_site_mirror_port": "8090; listen 80"})
     assert rc != 0 and changed == [] and len(failures) == 1, failures
-    assert "hf_site_mirror_root '/srv/hf;" in failures[0] and "hf_site_mirror_port must be" in failures[0]
+    assert "hf_site_mirror_root '/srv/hf;" in failures[0] and "hf_site_mirror_port '8090; listen 80' is not a TCP port" in failures[0]
     rc, failures, _ = _preflight(tmp_path, "hf_site_mirror", {"hf_site_mirror_models": models})
     assert not any("Check the inputs" in f for f in failures), failures
 

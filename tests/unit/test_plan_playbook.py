@@ -99,7 +99,7 @@ def _role_args(tmp_path, inventory):
         tasks_from: tune
     - name: Test | Show them
       ansible.builtin.debug:
-        msg: "{{{{ __vllm_server_tunes.results | map(attribute='args') | list }}}}"
+        msg: "{{{{ vllm_server_tunes.results | map(attribute='args') | list }}}}"
 """)
     proc = _playbook(inventory, pb)
     assert proc.returncode == 0, proc.stdout[-4000:]

@@ -67,7 +67,7 @@ STANDIN_ROLES = {
     "model_fetch/tasks/main.yml": [_log("fetch")],
     "vllm_server/tasks/plan.yml": [
         {"name": "Stand-in | Plan",
-         "ansible.builtin.set_fact": {"__vllm_server_plan": {
+         "ansible.builtin.set_fact": {"vllm_server_plan": {
              "instances": "{{ [] if inventory_hostname in standin_serves_nothing else "
                           "[{'name': 'chat', 'action': 'keep' if inventory_hostname in standin_keep "
                           "or (standin_applied ~ '/' ~ inventory_hostname) is exists else 'replace', "
