@@ -280,3 +280,72 @@ def write_lock_file(path, lock, force=False, comment="", dry_run=False):
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return True
+
+
+# ---------------------------------------------------------------- the role's inputs
+
+def lock_file_name(repo_id):
+    """The file name playbooks/model_lock.yml writes a model's lock to (org--name.lock.yml)."""
+    return f"{str(repo_id).replace('/', '--')}.lock.yml"
+
+
+def resolve_locks(entries, locks=None, lock_dir="", require=False):
+    """The model_fetch role's models with each one's lock found, read and checked on the
+    control node, before anything changes. Returns (entries, problems).
+
+    A model's lock is, first found: the entry's `lock` (a lock, or the path of its file on
+    the control node), model_fetch_locks[repo_id] (the same), the file
+    lock_dir/org--name.lock.yml when lock_dir is set and it exists. Each lock must parse,
+    be for the entry's repo_id, and pin the entry's revision when that is a commit; an
+    entry without revision gets the lock's commit. With require, a model without a lock is
+    a problem. An entry comes back with `lock` as a plain dict (what hf_model takes)."""
+    out, problems = [], []
+    locks = locks or {}
+    if not isinstance(locks, dict):
+        return list(entries or []), [f"model_fetch_locks must map repo ids to locks (or "
+                                     f"lock files), not {type(locks).__name__}"]
+    for entry in entries or []:
+        if not isinstance(entry, dict):
+            out.append(entry)
+            continue
+        repo_id = entry.get("repo_id")
+        source, where = None, ""
+        if entry.get("lock") is not None:
+            source, where = entry["lock"], f"the lock of model_fetch_models entry {repo_id}"
+        elif repo_id in locks:
+            source, where = locks[repo_id], f"model_fetch_locks[{repo_id!r}]"
+        elif lock_dir:
+            path = os.path.join(lock_dir, lock_file_name(repo_id))
+            if os.path.exists(path):
+                source, where = path, f"the lock file {path}"
+        entry = dict(entry)
+        entry.pop("lock", None)
+        if source is None:
+            if require:
+                problems.append(f"{repo_id}: no lock (model_fetch_require_lock is set); write "
+                                "one with playbooks/model_lock.yml")
+            out.append(entry)
+            continue
+        try:
+            if isinstance(source, str):
+                if not os.path.isabs(source):
+                    raise LockError(f"{where}: the lock file {source!r:.200} must be an "
+                                    "absolute path on the control node (e.g. "
+                                    "'{{ inventory_dir }}/locks/...')")
+                lock = load_lock_file(source)
+            else:
+                lock = parse_lock(source, where=where)
+            check_commit(lock, repo_id, lock.commit)
+        except LockError as exc:
+            problems.append(f"{repo_id}: {str(exc).rstrip('.')}")
+            out.append(entry)
+            continue
+        revision = entry.get("revision")
+        if revision is None:
+            entry["revision"] = lock.commit
+        elif _HEX40.match(str(revision)) and revision != lock.commit:
+            problems.append(f"{repo_id}: revision {revision} is not the commit the lock pins "
+                            f"({lock.commit})")
+        entry["lock"] = lock.as_dict()
+        out.append(entry)
+    return out, problems
