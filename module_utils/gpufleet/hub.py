@@ -687,7 +687,7 @@ def _write_json_atomic(path, data):
 def manifest_trusts(entry, f, st):
     """verify=manifest: the manifest's hash is the listing's and size+mtime are unchanged."""
     return (isinstance(entry, dict) and entry.get(f.algorithm) == f.digest
-            and (not f.pinned or entry.get("sha256") == f.pinned)
+            and (not f.pinned or entry.get("lock_sha256") == f.pinned)
             and entry.get("size") == f.size == st.st_size
             and entry.get("mtime_ns") == st.st_mtime_ns)
 
@@ -695,13 +695,9 @@ def manifest_trusts(entry, f, st):
 def _outdated(entry, f, st):
     """The manifest verified this file with another hash (an earlier revision), and it
     has not been touched since: replace it without hashing or quarantining it."""
-    if not (isinstance(entry, dict) and entry.get("size") == st.st_size
-            and entry.get("mtime_ns") == st.st_mtime_ns):
-        return False
-    mine = entry.get(f.algorithm)
-    if mine is not None:  # an entry of a locked fetch holds a sha1 and the lock's sha256
-        return mine != f.digest
-    return any(entry.get(a) is not None for a in ("sha256", "sha1"))
+    return (isinstance(entry, dict) and entry.get("size") == st.st_size
+            and entry.get("mtime_ns") == st.st_mtime_ns
+            and any(entry.get(a) not in (None, f.digest) for a in ("sha256", "sha1")))
 
 
 # ---------------------------------------------------------------- disk space
@@ -1213,7 +1209,7 @@ def manifest_entries(dest, files):
         st = os.lstat(path_under(dest, f.path, final_may_be_link=True))
         entries[f.path] = {"size": f.size, f.algorithm: f.digest, "mtime_ns": st.st_mtime_ns}
         if f.pinned:  # the lock's sha256, checked on these bytes (model_lock)
-            entries[f.path]["sha256"] = f.pinned
+            entries[f.path]["lock_sha256"] = f.pinned
     return entries
 
 
@@ -1290,7 +1286,8 @@ def lock_from_folder(src):
         except OSError as exc:
             problems.append(f"{path}: {exc.strerror or exc}")
             continue
-        if h.hexdigest() != expected or (entry.get("sha256") not in (None, h256.hexdigest())):
+        if h.hexdigest() != expected or (entry.get("lock_sha256")
+                                         not in (None, h256.hexdigest())):
             problems.append(f"{path}: the manifest records {algorithm} {expected}, the file "
                             f"hashes to {h.hexdigest()}")
             continue

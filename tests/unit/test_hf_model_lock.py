@@ -133,7 +133,10 @@ def test_trusted_mirror_with_the_lock_then_reruns(tmp_path, monkeypatch):
         for p, d in FILES.items():
             assert (dest / p).read_bytes() == d
         files = hub.read_manifest(str(dest))["files"]
-        assert {p: e["sha256"] for p, e in files.items()} == LOCK["files"]
+        assert {p: e["lock_sha256"] for p, e in files.items()} == LOCK["files"]
+        # the listing's own hash stays under its algorithm's key (what hf_mirror_index
+        # reads to tell LFS files from the others)
+        assert "sha256" not in files["config.json"] and "sha1" in files["config.json"]
         # a re-run trusts the manifest (the lock's sha256 is in it): nothing fetched
         res, failed = run_module(hf_model.main, args(stub, dest, lock=LOCK), monkeypatch)
         assert not failed and res["changed"] is False and res["bytes_downloaded"] == 0
@@ -306,3 +309,19 @@ def test_hf_model_lock_from_a_verified_copy(tmp_path, monkeypatch):
     res, failed = run_module(hf_model_lock.main, {"src": str(tmp_path), "path": str(path)},
                              monkeypatch)
     assert failed and "holds no complete manifest" in res["msg"]
+
+
+def test_a_locked_folder_is_published_by_the_site_mirror_as_the_hub_lists_it(tmp_path,
+                                                                               monkeypatch):
+    """hf_mirror_index reads the manifest's sha256 as 'an LFS file': the lock's sha256 is
+    kept under its own key, so a locked fetch publishes the hub's listing unchanged."""
+    from gpufleet import hub_mirror
+
+    dest = tmp_path / "m"
+    with HubStub([TRUSTED_REPO]) as stub:
+        res, failed = run_module(hf_model.main, args(stub, dest, lock=LOCK), monkeypatch)
+        assert not failed
+    model = hub_mirror.read_model_folder(str(dest))
+    assert {f.path: (f.algorithm, f.digest) for f in model["files"]} == {
+        p: ("sha256" if p in TRUSTED_REPO.lfs else "sha1", TRUSTED_REPO.digest(p))
+        for p in FILES}
