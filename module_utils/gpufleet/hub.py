@@ -1252,8 +1252,18 @@ def lock_from_hub(client, repo_id, revision, max_workers=8):
                 while chunk := fh.read(CHUNK):
                     h.update(chunk)
             files[f.path] = h.hexdigest()
-    return model_lock.ModelLock(repo_id, commit, files, source=redact_url(client.endpoint),
-                                written_at=_now())
+    return _checked_lock(model_lock.ModelLock(repo_id, commit, files,
+                                              source=redact_url(client.endpoint),
+                                              written_at=_now()))
+
+
+def _checked_lock(lock):
+    """A lock just made, held to the rules every reader applies (never write one that
+    hf_model would refuse to read)."""
+    try:
+        return model_lock.parse_lock(lock.as_dict())
+    except model_lock.LockError as exc:
+        raise HubError(f"no lock was written: {exc}") from None
 
 
 def lock_from_folder(src):
@@ -1295,5 +1305,5 @@ def lock_from_folder(src):
     if problems:
         raise HubError(f"{src} no longer holds what its manifest verified; no lock was "
                        "written: " + "; ".join(problems[:10]))
-    return model_lock.ModelLock(repo_id, commit, files, source=f"file://{src}",
-                                written_at=_now())
+    return _checked_lock(model_lock.ModelLock(repo_id, commit, files, source=f"file://{src}",
+                                              written_at=_now()))
