@@ -28,6 +28,8 @@ description:
     revisions and listed names with quotes, backslashes, whitespace, control characters,
     absolute paths or C(..), and never writes through a symbolic link inside O(dest)
     (one at a file's final name is moved to quarantine and replaced).
+  - With O(lock), the commit and every file's sha256 are checked against the model's lock
+    written on the control node, not only against the listing the endpoint serves.
   - Writes C(DEST/.gpufleet/manifest.json) (commit, files, sizes, hashes, mtimes,
     verification time; never the token) and, while it runs,
     C(DEST/.gpufleet/progress.json) (files and bytes done) for callers polling an async task.
@@ -130,6 +132,20 @@ options:
       - From 1 to 2**40 (1 TiB).
     type: int
     default: 67108864
+  lock:
+    description:
+      - The model's lock (C(module_utils/gpufleet/model_lock.py)), a dict
+        with C(repo_id), C(commit) (40 hex digits) and C(files) (each path to its sha256),
+        written once on the control node from a source you trust (M(hf_model_lock),
+        C(playbooks/model_lock.yml)); or the path of such a YAML (or JSON) file on the target.
+      - With a lock, O(revision) must resolve to the lock's commit, the files selected by
+        O(allow_patterns) and O(ignore_patterns) must be the lock's (none more, none fewer)
+        and the listing's sha256 of each LFS file the lock's, all checked before anything is
+        written; the bytes of every other file must hash to the lock's sha256 before the
+        file gets its final name (it goes to quarantine otherwise) and before the manifest
+        says complete. So neither a mirror serving a listing that matches its own other
+        bytes nor a swapped local file gets past it.
+    type: raw
   max_listing_entries:
     description:
       - Most entries (files and folders) a repo listing may have; a longer one fails the
@@ -160,6 +176,16 @@ EXAMPLES = r"""
   async: 86400
   poll: 30
 
+- name: Fetch through a mirror, pinned to the lock written on the control node
+  hf_model:
+    repo_id: Qwen/Qwen2.5-7B-Instruct
+    revision: a09a35458c702b33eeacc393d103063234e8bc28
+    dest: /srv/models/Qwen2.5-7B-Instruct
+    endpoint: https://hf-mirror.example.com
+    lock: "{{ lookup('ansible.builtin.file', qwen_lock) | from_yaml }}"
+  vars:
+    qwen_lock: "{{ inventory_dir }}/locks/Qwen2.5-7B-Instruct.lock.yml"
+
 - name: Re-check everything byte by byte
   hf_model:
     repo_id: Qwen/Qwen2.5-7B-Instruct
@@ -171,6 +197,10 @@ RETURN = r"""
 changed:
   description: True when a file was downloaded or replaced, or the manifest changed.
   returned: always
+  type: bool
+locked:
+  description: Whether a lock pinned this fetch (O(lock)).
+  returned: success
   type: bool
 commit:
   description: The commit sha the revision resolved to.
@@ -219,6 +249,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet import hub
+from ansible.module_utils.gpufleet import model_lock
 from ansible.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError, sync_repo
 
 
@@ -242,6 +273,7 @@ def main():
             min_rate=dict(type="int", default=hub.MIN_RATE),
             max_api_bytes=dict(type="int", default=hub.MAX_API_BYTES),
             max_listing_entries=dict(type="int", default=hub.MAX_LISTING_ENTRIES),
+            lock=dict(type="raw"),
         ),
         supports_check_mode=True,
     )
@@ -260,6 +292,14 @@ def main():
     except options.OptionError as exc:
         module.fail_json(msg=str(exc))
     p = module.params
+    lock = None
+    if p["lock"] is not None:  # read and checked before any request or write
+        try:
+            lock = (model_lock.load_lock_file(p["lock"]) if isinstance(p["lock"], str)
+                    else model_lock.parse_lock(p["lock"]))
+            model_lock.check_commit(lock, p["repo_id"], lock.commit)
+        except model_lock.LockError as exc:
+            module.fail_json(msg=f"lock: {exc} Nothing was fetched.")
     token = p["token"] or os.environ.get("HF_TOKEN") or None
     if token:
         module.no_log_values.add(token)
@@ -273,7 +313,8 @@ def main():
         result = sync_repo(client, p["repo_id"], p["revision"], p["dest"],
                            allow_patterns=p["allow_patterns"],
                            ignore_patterns=p["ignore_patterns"], verify=p["verify"],
-                           max_workers=p["max_workers"], check_mode=module.check_mode)
+                           max_workers=p["max_workers"], check_mode=module.check_mode,
+                           lock=lock)
     except HubError as exc:
         partial = getattr(exc, "result", {})
         module.fail_json(msg=str(exc), **partial)

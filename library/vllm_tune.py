@@ -186,10 +186,20 @@ options:
       - A model whose config class only its repository defines (EXAONE 3.x, InternLM2,
         GTE-new) is planned only when this holds C(--trust-remote-code), which runs the
         repository's Python in vLLM; the module never adds it.
+      - C(--trust-remote-code) is refused unless O(lock) pins every C(*.py) file of the
+        model (those in O(model_path), with the sha256 they have there, and every module
+        C(auto_map) in C(config.json) names); the message names the file that is not.
       - Each item at most 1 MiB (1048576 characters).
     type: list
     elements: str
     default: []
+  lock:
+    description:
+      - The model's lock (C(module_utils/gpufleet/model_lock.py)), a dict with C(repo_id),
+        C(commit) and C(files) (each path to its sha256) as M(hf_model_lock) writes it on
+        the control node, or the path of such a file on the host. Needed only with
+        C(--trust-remote-code) in O(extra_args).
+    type: raw
 extends_documentation_fragment:
   - gpufleet.read_only
 notes:
@@ -283,6 +293,7 @@ nearest:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpufleet import model_lock
 from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet.model import (
     ModelError,
@@ -329,6 +340,7 @@ def main():
             expert_parallel=dict(type="bool"),
             speculative_model_path=dict(type="path"),
             extra_args=dict(type="list", elements="str", default=[]),
+            lock=dict(type="raw"),
         ),
         required_one_of=[("model_path", "model_config")],
         mutually_exclusive=[("model_path", "model_config"), ("gpus", "gpu_facts")],
@@ -351,6 +363,12 @@ def main():
         })
     except options.OptionError as exc:
         module.fail_json(msg=str(exc), changed=False, reasons=[])
+    lock = p["lock"]
+    if isinstance(lock, str):  # a lock file on the host
+        try:
+            lock = model_lock.load_lock_file(lock)
+        except model_lock.LockError as exc:
+            module.fail_json(msg=f"lock: {exc}", changed=False, reasons=[])
     gpus = p["gpus"]
     if gpus is None and p["gpu_facts"] is not None:
         gpus = p["gpu_facts"].get("devices") or []
@@ -391,7 +409,7 @@ def main():
             allow_long_context=p["allow_long_context"],
             overhead_bytes=p["overhead_bytes"], enforce_eager=p["enforce_eager"],
             block_size=p["block_size"], expert_parallel=p["expert_parallel"],
-            pipeline_parallel_size=p["pipeline_parallel_size"], draft_model=draft)
+            pipeline_parallel_size=p["pipeline_parallel_size"], draft_model=draft, lock=lock)
     except NoFitError as exc:
         module.fail_json(msg=str(exc), changed=False, model=model_summary(model),
                          **exc.result)

@@ -265,3 +265,12 @@ def kv_plan_vs_vllm(recorded, refusals=()):
                     diffs.append(f"{where}: {name} tuner {ours[name]!r} != vLLM "
                                  f"{theirs[name]!r}")
     return compared, refused, diffs
+
+
+def pinning_lock(desc, repo_id="org/model"):
+    """A lock (gpufleet.model_lock) pinning every Python file of a model description, as
+    --trust-remote-code needs (issue #32 item 8): the folder's sha256 where the description
+    has it, a placeholder for the modules auto_map names."""
+    files = {path: digest or "0" * 64
+             for path, digest in (desc.get("python_files") or {}).items()}
+    return {"repo_id": repo_id, "commit": "0" * 40, "files": files or {"config.json": "0" * 64}}

@@ -41,6 +41,7 @@ from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 import requests
 import urllib3
 
+from . import model_lock
 from .bounded import Decoder
 
 PUBLIC_ENDPOINT = "https://huggingface.co"
@@ -119,6 +120,10 @@ class VerificationError(HubError):
         self.path, self.expected, self.got = path, expected, got
 
 
+class LockMismatchError(HubError):
+    """The endpoint's commit, listing or bytes differ from the model's lock (model_lock)."""
+
+
 class _Transient(Exception):
     """A failure worth retrying (5xx, 429, dropped or stalled connection, short body)."""
 
@@ -136,13 +141,36 @@ class RepoFile:
     size: int
     algorithm: str  # "sha256" for LFS files, "sha1" (git blob) for the others
     digest: str
+    pinned: str | None = None  # the sha256 the model's lock pins (model_lock), if any
 
     def hasher(self):
         if self.algorithm == "sha256":
             return hashlib.sha256()
         h = hashlib.sha1()
         h.update(b"blob %d\0" % self.size)
-        return h
+        # a locked sha1-listed file is also hashed with sha256 (one read of the bytes)
+        return _PinnedHasher(h) if self.pinned else h
+
+    def pinned_ok(self, hasher):
+        """The lock's word on bytes that matched the listing: None when no lock pins this
+        file, else the sha256 they hash to (equal to self.pinned or not)."""
+        if not self.pinned:
+            return None
+        return self.digest if self.algorithm == "sha256" else hasher.sha256.hexdigest()
+
+
+class _PinnedHasher:
+    """The listing's git-blob sha1 (hexdigest) and the lock's sha256 at once."""
+
+    def __init__(self, sha1):
+        self.sha1, self.sha256 = sha1, hashlib.sha256()
+
+    def update(self, data):
+        self.sha1.update(data)
+        self.sha256.update(data)
+
+    def hexdigest(self):
+        return self.sha1.hexdigest()
 
 
 # ---------------------------------------------------------------- validation helpers
@@ -659,6 +687,7 @@ def _write_json_atomic(path, data):
 def manifest_trusts(entry, f, st):
     """verify=manifest: the manifest's hash is the listing's and size+mtime are unchanged."""
     return (isinstance(entry, dict) and entry.get(f.algorithm) == f.digest
+            and (not f.pinned or entry.get("lock_sha256") == f.pinned)
             and entry.get("size") == f.size == st.st_size
             and entry.get("mtime_ns") == st.st_mtime_ns)
 
@@ -866,10 +895,14 @@ class Fetcher:
             return "trusted"
         final = self.final_path(f)
         if state == "present":
-            got = self._hash_file(final, f)
+            hasher = self._hash_file(final, f)
+            got = hasher.hexdigest()
             if got == f.digest:
-                self.stats.add(file_done=True)
-                return "verified"
+                pinned = f.pinned_ok(hasher)
+                if pinned in (None, f.pinned):
+                    self.stats.add(file_done=True)
+                    return "verified"
+                got = f"sha256 {pinned} (the lock pins sha256 {f.pinned})"
             self.quarantine(f, final, got)  # rotten or foreign bytes leave the final name
         elif state == "stale":
             st = os.lstat(final)
@@ -887,7 +920,7 @@ class Fetcher:
             while chunk := fh.read(CHUNK):
                 h.update(chunk)
                 self.stats.add(verified=len(chunk))
-        return h.hexdigest()
+        return h
 
     def _download(self, f):
         partial_path = self.partial_path(f)
@@ -896,6 +929,7 @@ class Fetcher:
             self.stats.add(verified=part.offset)
             got = self._stream(f, part)
             if got == f.digest:
+                self._check_pinned(f, part, partial_path)
                 with _open_nofollow(partial_path, "rb+") as fh:
                     os.fsync(fh.fileno())
                 final = self.final_path(f)
@@ -904,6 +938,22 @@ class Fetcher:
                 return
             self.quarantine(f, partial_path, got)
         raise VerificationError(f.path, f.digest, got, f.algorithm)
+
+    def _check_pinned(self, f, part, partial_path):
+        """Bytes that hash right against the endpoint's listing must also hash to the
+        lock's sha256 before they get their final name. A mismatch there means the
+        endpoint serves a listing of its own for other bytes: fetching again from it
+        cannot help, so the bytes go to quarantine and the file fails at once."""
+        pinned = f.pinned_ok(part.hasher)
+        if pinned in (None, f.pinned):
+            return
+        self.quarantine(f, partial_path, f"sha256 {pinned} (the lock pins sha256 "
+                                         f"{f.pinned})")
+        try:
+            model_lock.check_file(model_lock.ModelLock(self.repo_id, self.commit,
+                                                       {f.path: f.pinned}), f.path, pinned)
+        except model_lock.LockError as exc:
+            raise LockMismatchError(f"{exc} The copy is in {STATE_DIR}/quarantine/.") from None
 
     def _stream(self, f, part):
         """Fill part up to f.size, resuming with Range; returns the hex digest.
@@ -1003,12 +1053,24 @@ class _Lock:
 
 
 def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patterns=None,
-              verify="manifest", max_workers=8, check_mode=False):
+              verify="manifest", max_workers=8, check_mode=False, lock=None):
     """Make dest hold the verified files of repo_id@revision. Returns a result dict.
 
-    Raises HubError (DiskSpaceError, VerificationError) with a message for the user.
+    lock: the model's lock (model_lock.ModelLock or its dict): the revision must resolve
+    to its commit, the selected files must be the lock's (same patterns) with its sha256s,
+    checked on the listing before anything is written and on every file's bytes before it
+    gets its final name (LockMismatchError).
+
+    Raises HubError (DiskSpaceError, VerificationError, LockMismatchError) with a message
+    for the user.
     """
     validate_repo_id(repo_id)
+    if lock is not None:
+        try:
+            lock = model_lock.parse_lock(lock)
+            model_lock.check_commit(lock, repo_id, lock.commit)  # the lock's repo
+        except model_lock.LockError as exc:
+            raise LockMismatchError(str(exc)) from None
     if verify not in VERIFY_MODES:
         raise HubError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {verify!r}.")
     if int(max_workers) < 1:
@@ -1023,6 +1085,9 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
     client.start()
     commit = client.resolve_commit(repo_id, revision)
     listing = client.list_files(repo_id, commit)
+    if lock is not None:
+        listing = _apply_lock(lock, client, repo_id, commit, listing, allow_patterns,
+                              ignore_patterns)
     files = filter_files(listing, allow_patterns, ignore_patterns)
     if not files:
         raise HubError(f"no file of {repo_id}@{commit} matches allow_patterns/"
@@ -1039,7 +1104,8 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
     needed = fetcher.bytes_to_fetch(plan)
     check_disk_space(dest, needed, fetcher.inodes_to_create(plan))
 
-    result = {"commit": commit, "bytes_to_download": needed, "quarantined": [],
+    result = {"commit": commit, "locked": lock is not None,
+              "bytes_to_download": needed, "quarantined": [],
               "removed": deleted, "manifest": state_path(dest, MANIFEST_NAME)}
     if check_mode:
         would = {"missing": "would_download", "stale": "would_download",
@@ -1075,6 +1141,22 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
         exc.result = result  # what was done before the failure, for the module's report
         raise exc
     return result
+
+
+def _apply_lock(lock, client, repo_id, commit, listing, allow_patterns, ignore_patterns):
+    """Check the resolved commit and the selected files against the lock (no write yet);
+    returns the listing with each locked file's sha256 attached (RepoFile.pinned)."""
+    try:
+        model_lock.check_commit(lock, repo_id, commit, redact_url(client.endpoint))
+        selected = filter_files(listing, allow_patterns, ignore_patterns)
+        required = {f.path for f in filter_files(
+            [RepoFile(p, 0, "sha256", d) for p, d in lock.files.items()],
+            allow_patterns, ignore_patterns)}
+        model_lock.check_listing(lock, selected, required)
+    except model_lock.LockError as exc:
+        raise LockMismatchError(str(exc)) from None
+    return [RepoFile(f.path, f.size, f.algorithm, f.digest, lock.files.get(f.path))
+            for f in listing]
 
 
 def _file_result(f, status):
@@ -1126,6 +1208,8 @@ def manifest_entries(dest, files):
     for f in files:
         st = os.lstat(path_under(dest, f.path, final_may_be_link=True))
         entries[f.path] = {"size": f.size, f.algorithm: f.digest, "mtime_ns": st.st_mtime_ns}
+        if f.pinned:  # the lock's sha256, checked on these bytes (model_lock)
+            entries[f.path]["lock_sha256"] = f.pinned
     return entries
 
 
@@ -1136,3 +1220,90 @@ def write_manifest(dest, repo_id, revision, commit, endpoint, entries, complete=
         "format": MANIFEST_FORMAT, "repo_id": repo_id, "revision": revision,
         "commit": commit, "endpoint": redact_url(endpoint), "verified_at": _now(),
         "complete": complete, "files": entries})
+
+
+# ---------------------------------------------------------------- writing a lock
+
+def lock_from_hub(client, repo_id, revision, max_workers=8):
+    """The lock (model_lock.ModelLock) of repo_id@revision from an endpoint the operator
+    trusts: the commit it resolves, the listing's sha256 of each LFS file (the weights are
+    not downloaded), and the sha256 of every other file's bytes, fetched into a temporary
+    folder and checked against the listing's git blob sha1 first. Every file of the
+    repository, whatever patterns a fetch uses later."""
+    import tempfile
+
+    validate_repo_id(repo_id)
+    validate_name(revision, "revision")
+    client.start()
+    commit = client.resolve_commit(repo_id, revision)
+    listing = client.list_files(repo_id, commit)
+    files = {f.path: f.digest for f in listing if f.algorithm == "sha256"}
+    small = [f for f in listing if f.algorithm != "sha256"]
+    with tempfile.TemporaryDirectory(prefix="gpufleet-lock-") as tmp:
+        fetcher = Fetcher(client, repo_id, commit, tmp, "full", int(max_workers))
+        _, errors = fetcher.run([(f, "missing") for f in small], write_progress=False)
+        if errors:
+            raise HubError(f"{len(errors)} of {len(small)} files could not be read to write "
+                           f"the lock; no lock was written: "
+                           + "; ".join(str(e) for e in errors))
+        for f in small:
+            h = hashlib.sha256()
+            with _open_nofollow(fetcher.final_path(f), "rb") as fh:
+                while chunk := fh.read(CHUNK):
+                    h.update(chunk)
+            files[f.path] = h.hexdigest()
+    return _checked_lock(model_lock.ModelLock(repo_id, commit, files,
+                                              source=redact_url(client.endpoint),
+                                              written_at=_now()))
+
+
+def _checked_lock(lock):
+    """A lock just made, held to the rules every reader applies (never write one that
+    hf_model would refuse to read)."""
+    try:
+        return model_lock.parse_lock(lock.as_dict())
+    except model_lock.LockError as exc:
+        raise HubError(f"no lock was written: {exc}") from None
+
+
+def lock_from_folder(src):
+    """The lock of a copy hf_model verified (src holds its complete manifest): every file the
+    manifest lists is hashed again (sha256, and its recorded hash checked), so the lock says
+    what is on disk now and the manifest vouches for where it came from."""
+    src = os.path.abspath(src)
+    manifest = read_manifest(src)
+    if not manifest or manifest.get("complete") is not True:
+        raise HubError(f"{src} holds no complete manifest ({STATE_DIR}/{MANIFEST_NAME}) of "
+                       "a verified fetch; fetch it with hf_model first, from a source you "
+                       "trust.")
+    repo_id, commit = manifest.get("repo_id"), manifest.get("commit")
+    validate_repo_id(repo_id)
+    if not isinstance(commit, str) or not _HEX40.match(commit):
+        raise HubError(f"{src}: the manifest's commit {commit!r:.60} is not a commit sha.")
+    files, problems = {}, []
+    for path, entry in sorted((manifest.get("files") or {}).items()):
+        safe_relpath(path)
+        algorithm = "sha1" if isinstance(entry, dict) and entry.get("sha1") else "sha256"
+        expected = entry.get(algorithm) if isinstance(entry, dict) else None
+        f = RepoFile(path, int(entry.get("size", -1)) if isinstance(entry, dict) else -1,
+                     algorithm, str(expected))
+        h256, h = hashlib.sha256(), f.hasher()
+        try:
+            with _open_nofollow(path_under(src, path), "rb") as fh:
+                while chunk := fh.read(CHUNK):
+                    h.update(chunk)
+                    h256.update(chunk)
+        except OSError as exc:
+            problems.append(f"{path}: {exc.strerror or exc}")
+            continue
+        if h.hexdigest() != expected or (entry.get("lock_sha256")
+                                         not in (None, h256.hexdigest())):
+            problems.append(f"{path}: the manifest records {algorithm} {expected}, the file "
+                            f"hashes to {h.hexdigest()}")
+            continue
+        files[path] = h256.hexdigest()
+    if problems:
+        raise HubError(f"{src} no longer holds what its manifest verified; no lock was "
+                       "written: " + "; ".join(problems[:10]))
+    return _checked_lock(model_lock.ModelLock(repo_id, commit, files, source=f"file://{src}",
+                                              written_at=_now()))

@@ -1157,6 +1157,10 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         # MTP layers the checkpoint holds (DeepSeek V3/V4 ...): what --speculative-config
         # method mtp runs (gpufleet.speculative)
         "num_nextn_predict_layers": text.get("num_nextn_predict_layers"),
+        # the Python --trust-remote-code may run: {path: sha256 or None}, the modules
+        # auto_map names (describe_model_dir adds the folder's *.py, with their sha256)
+        "python_files": dict.fromkeys(auto_map_modules(cfg)[0]),
+        "remote_code_repos": auto_map_modules(cfg)[1],
         "weights_bytes": weights_bytes,
         "weights_source": weights_source,
         "weights_dtype": weights_dtype,
@@ -1241,6 +1245,51 @@ def _check_kv_divides(kv, field, num_heads, source):
                          "config)")
 
 
+def auto_map_modules(cfg):
+    """The Python files config.json's auto_map names, as transformers reads it
+    (dynamic_module_utils: 'module.Class', or 'org/repo--module.Class' for code in another
+    repository; AutoTokenizer holds [slow, fast]). Returns (this repository's .py paths,
+    the other repositories named), both sorted."""
+    auto_map = cfg.get("auto_map") if isinstance(cfg, dict) else None
+    text = cfg.get("llm_config") if isinstance(cfg, dict) else None
+    refs = []
+    for source in (auto_map, (text or {}).get("auto_map") if isinstance(text, dict) else None):
+        if isinstance(source, dict):
+            for value in source.values():
+                refs.extend(value if isinstance(value, list) else [value])
+    files, repos = set(), set()
+    for ref in refs:
+        if not isinstance(ref, str) or "." not in ref:
+            continue
+        repo, _, ref = ref.rpartition("--")
+        module = ref.rsplit(".", 1)[0]
+        if repo:
+            repos.add(repo)
+        else:
+            files.add(module.replace(".", "/") + ".py")
+    return sorted(files), sorted(repos)
+
+
+def python_files_in(path):
+    """{relative path: sha256} of the *.py files under a model folder (gpufleet's state
+    folder and links aside): what --trust-remote-code could import from it."""
+    import hashlib
+
+    found = {}
+    for root, dirs, names in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d != ".gpufleet"
+                         and not os.path.islink(os.path.join(root, d)))
+        for name in sorted(names):
+            full = os.path.join(root, name)
+            if name.endswith(".py") and os.path.isfile(full) and not os.path.islink(full):
+                digest = hashlib.sha256()
+                with open(full, "rb") as handle:
+                    for chunk in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(chunk)
+                found[os.path.relpath(full, path).replace(os.sep, "/")] = digest.hexdigest()
+    return found
+
+
 def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=None):
     """Describe the model stored in a local folder (config.json + safetensors)."""
     if not os.path.isdir(path):
@@ -1282,6 +1331,7 @@ def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=Non
                 and 0 < tok_max < desc["max_position_embeddings"]:
             desc["max_position_embeddings"] = int(tok_max)
     desc["sentence_max_seq_length"] = _sentence_max_seq_length(path)
+    desc["python_files"] = {**desc.get("python_files", {}), **python_files_in(path)}
     return desc
 
 

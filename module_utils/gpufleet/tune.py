@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import re
 
-from . import deepseek_v4, engine_args, speculative
+from . import deepseek_v4, engine_args, model_lock, speculative
 from .arch import ARCHITECTURES, ArchError, architecture, parse_compute_capability
 
 __all__ = [
@@ -985,6 +985,48 @@ def _check_remote_config(model, extra_args, reasons):
                    f"class {remote}.")
 
 
+def _check_trust_remote_code(model, extra_args, lock, reasons):
+    """--trust-remote-code runs the repository's Python in the container: refused unless
+    the model's lock (model_lock, written on the control node from a trusted source) pins
+    every *.py file the model has (the folder's, and every module auto_map names) with
+    the sha256 the folder holds, and auto_map names no other repository's code."""
+    if not _extra_toggle(extra_args, "trust-remote-code", False):
+        return
+    if lock is None:
+        raise TuneError(
+            "extra_args holds --trust-remote-code, which runs the repository's Python in "
+            "the container: give the model's lock (lock: the lock playbooks/model_lock.yml "
+            "wrote on the control node), which must pin every *.py file of the model, so "
+            "that no mirror or path can change that code.")
+    try:
+        lock = model_lock.parse_lock(lock)
+    except model_lock.LockError as exc:
+        raise TuneError(f"lock: {exc}") from None
+    files = model.get("python_files") or {}
+    unpinned = model_lock.unpinned_python(lock, files)
+    if unpinned:
+        raise TuneError(
+            f"--trust-remote-code refused: the lock of {lock.repo_id} does not pin "
+            f"{', '.join(unpinned)} (a Python file the model has or its config.json's "
+            "auto_map names), so nothing vouches for the code vLLM would run. Write the lock "
+            "from the whole repository (playbooks/model_lock.yml) and fetch with it.")
+    for path, digest in sorted(files.items()):
+        if digest is not None and digest != lock.files[path]:
+            raise TuneError(
+                f"--trust-remote-code refused: {path}: the lock pins sha256 "
+                f"{lock.files[path]}, the model folder holds sha256 {digest}. Fetch the "
+                "model again with its lock (model_fetch).")
+    repos = model.get("remote_code_repos") or []
+    if repos:
+        raise TuneError(
+            f"--trust-remote-code refused: config.json's auto_map names code of another "
+            f"repository ({', '.join(repos)}), which the lock of {lock.repo_id} cannot pin.")
+    pinned = model_lock.python_files(files)
+    reasons.append(f"--trust-remote-code: the lock of {lock.repo_id}@{lock.commit[:12]} pins "
+                   f"the model's {len(pinned)} Python file(s)"
+                   + (f" ({', '.join(pinned)})." if pinned else "."))
+
+
 def models_with_secret_args(models):
     """Names of the model entries whose extra_args check_extra_args refuses: vllm_server
     asks before any module sees the entries (a module's loop item is printed at -vvv)."""
@@ -1490,8 +1532,10 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
          kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
          tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
          overhead_bytes=None, enforce_eager=False, block_size=None, expert_parallel=None,
-         pipeline_parallel_size=1, draft_model=None):
+         pipeline_parallel_size=1, draft_model=None, lock=None):
     """Choose vLLM settings for `model` on `gpus`; see the module docstring.
+
+    lock: the model's lock (gpufleet.model_lock), required by --trust-remote-code.
 
     Returns {"args", "settings", "prediction", "reasons"}. Raises TuneError for bad
     input and NoFitError (with `nearest` and the partial result) when nothing fits.
@@ -1501,6 +1545,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     reasons = []
     extra_args = check_extra_args(extra_args)
     _check_remote_config(model, extra_args, reasons)
+    _check_trust_remote_code(model, extra_args, lock, reasons)
     # what extra_args says of CUDA graphs is what vLLM runs with: the plan follows it
     eager = _extra_toggle(extra_args, "enforce-eager", bool(enforce_eager))
     if eager != bool(enforce_eager):

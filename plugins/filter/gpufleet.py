@@ -42,6 +42,15 @@ def bad_repo_ids(repo_ids):
     return bad
 
 
+def model_locks(entries, locks=None, lock_dir="", require=False):
+    """gpufleet.model_lock.resolve_locks: {items, problems}, the models with each one's lock
+    read and checked on the control node (model_fetch's preflight)."""
+    from gpufleet import model_lock
+
+    items, problems = model_lock.resolve_locks(entries, locks, lock_dir, require)
+    return {"items": items, "problems": problems}
+
+
 def bad_addresses(values, networks=False):
     """gpufleet.hub_mirror.bad_addresses: entries that are not an IP address (or, with
     networks=True, not an address or CIDR network)."""
@@ -183,6 +192,7 @@ class FilterModule:
             "gpufleet_probe_key": _keys(serve.probe_key),
             "gpufleet_goodput_problem": goodput_problem,
             "gpufleet_bad_repo_ids": bad_repo_ids,
+            "gpufleet_model_locks": model_locks,
             "gpufleet_host_models": host_models,
             "gpufleet_models_with_secret_args": tune.models_with_secret_args,
             "gpufleet_batches": _wrap(upgrade.plan_batches),

@@ -18,6 +18,7 @@ from conftest import FIXTURES
 from gpufleet import engine_args, tune
 from gpufleet import gpu as gpu_facts
 from gpufleet.model import describe_config
+from helpers import pinning_lock
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RECORDED = json.loads((ROOT / "tests/fixtures/vllm-args/serve-0.32.0.json").read_text())
@@ -126,7 +127,8 @@ def test_flags_passed_through_and_values_are_not_flags():
     llama = _llama()
     extra = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--seed", "-1",
              "--chat-template", "{{ x }}", "--trust-remote-code"]
-    result = tune.plan(llama, A10G, max_model_len=8192, extra_args=extra)
+    result = tune.plan(llama, A10G, max_model_len=8192, extra_args=extra,
+                       lock=pinning_lock(llama))
     assert result["args"][-len(extra):] == extra
     assert engine_args.flag_of("-1") is None and engine_args.flag_of("hermes") is None
     assert engine_args.flag_of("--block-size=16") == "--block-size"

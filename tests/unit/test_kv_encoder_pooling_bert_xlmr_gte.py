@@ -23,6 +23,7 @@ import pytest
 from test_model_families import MODELS, check_encoder_only, load
 from gpufleet import model as m
 from gpufleet import tune as t
+from helpers import pinning_lock
 
 GiB = 1024 ** 3
 
@@ -34,9 +35,9 @@ def no_kv_cache(desc):
         assert layout["per_token_layer_bytes"] == 0 and layout["groups"] == []
 
 
-def pooling_plan(desc, extra_args=None):
+def pooling_plan(desc, extra_args=None, lock=None):
     """The tuner's plan on vLLM CPU (as test_tune.py plans all-MiniLM-L6-v2)."""
-    result = t.plan(desc, [], kv_cache_memory_bytes=GiB, extra_args=extra_args)
+    result = t.plan(desc, [], kv_cache_memory_bytes=GiB, extra_args=extra_args, lock=lock)
     assert result["args"][:2] == ["--runner", "pooling"] and "--convert" not in result["args"]
     assert result["prediction"]["kv_cache_tokens"] is None
     assert any("encoder-only" in r for r in result["reasons"])
@@ -132,7 +133,7 @@ def test_gte_multilingual_base_new_model_is_encoder_only_with_ntk_stretched_cont
     assert t.model_max_len(plain) == 8192
     # its config class is the repository's (NewConfig): planned only with the flag
     result = pooling_plan(dict(desc, weights_bytes=611_000_000),
-                          extra_args=["--trust-remote-code"])
+                          extra_args=["--trust-remote-code"], lock=pinning_lock(desc))
     assert result["settings"]["max_model_len"] == 65536
 
 
@@ -197,7 +198,7 @@ def test_a_config_class_only_the_repository_defines_needs_trust_remote_code(name
         t.plan(desc, [], kv_cache_memory_bytes=GiB, max_model_len=512)
     assert remote in str(err.value)
     result = t.plan(desc, [], kv_cache_memory_bytes=GiB, max_model_len=512,
-                    extra_args=["--trust-remote-code"])
+                    extra_args=["--trust-remote-code"], lock=pinning_lock(desc))
     assert "--trust-remote-code" in result["args"]
     assert any(r.startswith("--trust-remote-code (extra_args)") for r in result["reasons"])
 

@@ -15,6 +15,7 @@ from test_model_families import check_kv_bytes, kinds, load
 from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
 from gpufleet import tune as t
+from helpers import pinning_lock
 
 FULL, SLIDING = m.FULL_LAYER, m.SLIDING_LAYER
 GiB = 1 << 30
@@ -149,7 +150,8 @@ def test_internvl3_8b_language_model_is_read_from_llm_config(monkeypatch):
         t.plan(desc, [], kv_cache_memory_bytes=GiB, max_model_len=512)
     assert "--trust-remote-code" in t.plan(desc, [], kv_cache_memory_bytes=GiB,
                                            max_model_len=512,
-                                           extra_args=["--trust-remote-code"])["args"]
+                                           extra_args=["--trust-remote-code"],
+                                           lock=pinning_lock(desc))["args"]
     # controls: without InternVLChatModel among the generative names the "Model" ending
     # makes it a pooling model; without internvl_chat among the remote config types no
     # --trust-remote-code is asked; without llm_config among the text config keys the

@@ -504,6 +504,11 @@ BASELINES = {
                                        "endpoint": "http://127.0.0.1:9", "timeout": 1,
                                        "retries": 0, "deadline": 5}),
     ],
+    "hf_model_lock": [
+        ("stub hub", lambda c: {"repo_id": "org/tiny", "endpoint": c["hub_stub"].url,
+                                "path": str(c["tmp"] / "tiny.lock.yml"), "timeout": 5,
+                                "retries": 0}),
+    ],
     "host_state": [
         ("check", lambda c: {"state": "check", "path": str(c["tmp"] / "host-state.json"),
                              "inputs_digest": "a" * 64, "published": {},
@@ -629,7 +634,7 @@ BASELINES = {
 }
 
 # What a module's stand-ins need (fixtures by name), beyond tmp_path.
-NEEDS = {"hf_model": ["hub_stub"], "hf_mirror_index": ["fetched_model"],
+NEEDS = {"hf_model": ["hub_stub"], "hf_model_lock": ["hub_stub"], "hf_mirror_index": ["fetched_model"],
          "vllm_probe": ["vllm_url"], "vllm_ready": ["vllm_url"],
          "vllm_gateway_stats": ["stats_socket"]}
 
