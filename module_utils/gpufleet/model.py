@@ -1111,6 +1111,7 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     if num_experts is not None:
         _positive_int(num_experts, _field_name(text, "n_routed_experts", "num_local_experts",
                                                "num_experts"), source)
+    remote_modules, remote_repos = auto_map_modules(cfg)
     desc = {
         "name": name or (architectures[0] if architectures else model_type),
         "architectures": architectures,
@@ -1159,8 +1160,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "num_nextn_predict_layers": text.get("num_nextn_predict_layers"),
         # the Python --trust-remote-code may run: {path: sha256 or None}, the modules
         # auto_map names (describe_model_dir adds the folder's *.py, with their sha256)
-        "python_files": dict.fromkeys(auto_map_modules(cfg)[0]),
-        "remote_code_repos": auto_map_modules(cfg)[1],
+        "python_files": dict.fromkeys(remote_modules),
+        "remote_code_repos": remote_repos,
         "weights_bytes": weights_bytes,
         "weights_source": weights_source,
         "weights_dtype": weights_dtype,

@@ -226,6 +226,9 @@ def _haproxy_config(tmp_path, servers, port, stats_port):
 def _start_gateway(tmp_path, hosts):
     """Stand-in vLLM on a free port per host, and HAProxy (master-worker, in the
     foreground) in front of them; returns {"url", "socket", "proc", "ports"}."""
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    if not os.path.exists(haproxy):
+        pytest.skip("no haproxy (scripts/setup.sh installs Debian's)")
     backends = tmp_path / "backends"
     backends.mkdir()
     ports = {h: _free_port() for h in hosts}
@@ -236,9 +239,6 @@ def _start_gateway(tmp_path, hosts):
     port = _free_port()
     config = _haproxy_config(tmp_path, [{"name": f"{h}_{p}", "endpoint": f"127.0.0.1:{p}"}
                                         for h, p in ports.items()], port, _free_port())
-    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    if not os.path.exists(haproxy):
-        pytest.skip("no haproxy (scripts/setup.sh installs Debian's)")
     subprocess.run([haproxy, "-c", "-q", "-f", str(config)], check=True)
     proc = subprocess.Popen([haproxy, "-W", "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
                             stderr=(tmp_path / "haproxy.log").open("w"))
