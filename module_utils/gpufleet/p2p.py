@@ -26,6 +26,7 @@ The engine part (:func:`make_torrent`, :func:`run_peer`) imports libtorrent when
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -117,6 +118,52 @@ def check_torrent(info, listing, commit, infohash=None):
         raise P2PError(f"the torrent lacks {missing[0]!r:.200} (and {len(missing) - 1} more "
                        "listed files); make it again from the complete manifest.")
     return carried
+
+
+def _bdecode_at(data, i):
+    """(value, end) of the bencoded value at data[i] (dict keys as bytes)."""
+    c = data[i:i + 1]
+    if c == b"i":
+        end = data.index(b"e", i)
+        return int(data[i + 1:end]), end + 1
+    if c in (b"l", b"d"):
+        i += 1
+        items = []
+        while data[i:i + 1] != b"e":
+            value, i = _bdecode_at(data, i)
+            items.append(value)
+        if c == b"l":
+            return items, i + 1
+        return dict(zip(items[::2], items[1::2])), i + 1
+    if c.isdigit():
+        colon = data.index(b":", i)
+        start = colon + 1
+        end = start + int(data[i:colon])
+        if end > len(data):
+            raise ValueError("string past the end")
+        return data[start:end], end
+    raise ValueError(f"unexpected byte {c!r} at {i}")
+
+
+def infohashes(data):
+    """(v1 sha1, v2 sha256) hex of a torrent's info dict, in plain Python: what the
+    control node checks against the announced infohash without libtorrent. Raises
+    P2PError for bytes that are not a torrent."""
+    try:
+        if data[:1] != b"d":
+            raise ValueError("not a dictionary")
+        i = 1
+        while data[i:i + 1] != b"e":
+            key, i = _bdecode_at(data, i)
+            start = i
+            _, i = _bdecode_at(data, i)
+            if key == b"info":
+                info = data[start:i]
+                return (hashlib.sha1(info).hexdigest(),  # noqa: S324 - BEP 3's infohash
+                        hashlib.sha256(info).hexdigest())
+    except (ValueError, IndexError, RecursionError) as exc:
+        raise P2PError(f"the torrent is not valid bencode ({exc}); make it again.") from None
+    raise P2PError("the torrent has no info dictionary; make it again.")
 
 
 # ---------------------------------------------------------------- the session
@@ -378,7 +425,7 @@ def run_peer(job, log=None):
         rel = files.file_path(i).replace(os.sep, "/").partition("/")[2]
         index[i] = rel
     by_path = {f.path: f for f in carried}
-    done = set()
+    done, rejected = set(), set()
     if job.get("seed_only"):
         done = set(by_path)
     by_peer = {}  # bytes of blocks received, by the sender's address
@@ -396,6 +443,7 @@ def run_peer(job, log=None):
                 partial = os.path.join(save, job["commit"], *rel.split("/"))
                 bad = verify_file(partial, f)
                 if bad:
+                    rejected.add(rel)
                     note("rejected", path=rel, why=bad)
                 else:
                     place_file(dest, partial, f)
@@ -419,6 +467,11 @@ def run_peer(job, log=None):
             if not job.get("seed_only"):
                 _finish(dest, job, listing, carried)
             note("complete")
+        if rejected and len(done | rejected) == len(carried):
+            # bytes that passed the torrent's piece hashes but not the listing's (or the
+            # lock's): the torrent cannot bring others; nothing of them got a final name
+            note("incomplete", rejected=sorted(rejected))
+            break
         if finished_at is not None:
             stop = job.get("stop_file")
             if not stop or os.path.exists(stop):

@@ -11,7 +11,8 @@ The swarm, in order:
 1. origin  127.0.0.2: web seed (nginx) only; then seeds.
 2. hosts   127.0.0.3, 127.0.0.4: peers only (no web seed), at the same time.
 3. outsider 127.0.0.9 (not in the allow-list) knocks on the origin: refused.
-4. nginx stopped; late   127.0.0.5 joins with the hostile peer 127.0.0.6 (in the
+4. locked  127.0.0.7: its lock pins another sha256 for the weights: refused, not placed.
+5. nginx stopped; late   127.0.0.5 joins with the hostile peer 127.0.0.6 (in the
    allow-list: a compromised fleet host) listed first: bans and names it, completes
    from the good peers.
 The mirror's egress is the body bytes in nginx's access log.
@@ -41,8 +42,8 @@ PEER = ROOT / "tests/hfstub/p2ppeer.py"
 SYS_PYTHON = "/usr/bin/python3"
 MODEL_BYTES = 4 << 20
 REPO = "lab/tiny-p2p"
-ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, OUTSIDER = (
-    "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6", "127.0.0.9")
+ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, LOCKED, OUTSIDER = (
+    "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.9")
 MIRROR = "127.0.0.1"
 TIMEOUT = 60  # seconds a session may run at most (a hang fails the test, it is no timing)
 
@@ -84,9 +85,9 @@ class Swarm:
     def port(self, addr):
         return self.ports.setdefault(addr, free_port())
 
-    def start(self, name, addr, peers=(), web_seed=False):
+    def start(self, name, addr, peers=(), web_seed=False, listing=None):
         job = {"torrent": str(self.torrent), "dest": str(self.tmp / "hosts" / name),
-               "listing": self.listing, "commit": self.commit, "infohash": self.infohash,
+               "listing": listing or self.listing, "commit": self.commit, "infohash": self.infohash,
                "repo_id": REPO, "listen": addr, "port": self.port(addr),
                "peers": [f"{p}:{self.port(p)}" for p in peers], "allow": self.allow,
                "web_seed": self.web_seed if web_seed else None,
@@ -153,7 +154,7 @@ def swarm(tmp_path_factory):
     facts = json.loads(made.stdout)
     listing = [{"path": f.path, "size": f.size, "algorithm": f.algorithm,
                 "digest": f.digest} for f in model["files"]]
-    allow = [MIRROR, ORIGIN, HOST_B, HOST_C, LATE, HOSTILE]
+    allow = [MIRROR, ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, LOCKED]
     sw = Swarm(tmp, torrent, listing, model["commit"], facts["infohash"], allow,
                f"http://{MIRROR}:{port}/{REPO}/resolve/")
     out = {"model": model, "facts": facts, "egress": {}, "tmp": tmp}
@@ -169,6 +170,10 @@ def swarm(tmp_path_factory):
         out["egress"]["hosts"] = n.egress()
         out["outsider_got"] = _knock(ORIGIN, sw.port(ORIGIN), facts["infohash"], OUTSIDER)
         out["insider_got"] = _knock(ORIGIN, sw.port(ORIGIN), facts["infohash"], LATE)[:68]
+        # a host whose lock pins other bytes for the weights than the mirror's
+        locked = [dict(e, pinned="0" * 64) if e["path"] == "model.safetensors" else e
+                  for e in listing]
+        sw.start("locked", LOCKED, peers=[ORIGIN, HOST_B, HOST_C], listing=locked)
         n.stop()
         with BadPeer(HOSTILE, sw.port(HOSTILE), facts["num_pieces"]) as bad:
             sw.start("late", LATE, peers=[HOSTILE, ORIGIN, HOST_B, HOST_C], web_seed=True)
@@ -236,3 +241,14 @@ def test_late_joiner_completes_with_the_web_seed_down(swarm):
     assert late["complete"]
     assert late["bytes_by_source"]["web_seed"] == 0
     assert swarm["egress"]["late"] == swarm["egress"]["hosts"]
+
+
+def test_bytes_the_lock_refuses_never_get_their_final_name(swarm):
+    r = swarm["results"]["locked"]
+    dest = swarm["tmp"] / "hosts" / "locked"
+    assert r["complete"] is False
+    assert r["files_rejected"] == ["model.safetensors"]
+    assert "the lock pins" in [e for e in r["events"] if e["event"] == "rejected"][0]["why"]
+    assert not (dest / "model.safetensors").exists()
+    assert (dest / "config.json").exists()  # the files that verified are in place
+    assert not (dest / ".gpufleet/manifest.json").exists()

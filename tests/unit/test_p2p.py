@@ -87,6 +87,16 @@ def test_check_torrent_refuses(facts, infohash, needle):
         p2p.check_torrent(facts, LISTING, COMMIT, infohash)
 
 
+def test_infohashes_in_plain_python():
+    info = b"d6:lengthi3e4:name1:a12:piece lengthi16384e6:pieces0:7:privatei1ee"
+    data = b"d8:announce0:4:info" + info + b"e"
+    assert p2p.infohashes(data) == (hashlib.sha1(info).hexdigest(),
+                                    hashlib.sha256(info).hexdigest())
+    for bad in (b"", b"not bencode", b"d4:infod", b"d3:fooi1ee", b"d4:info99:abce"):
+        with pytest.raises(p2p.P2PError):
+            p2p.infohashes(bad)
+
+
 # ---------------------------------------------------------------- the session
 
 def test_allow_list_from_inventory_addresses():
@@ -224,7 +234,9 @@ def test_two_makes_give_the_same_torrent_and_other_bytes_another(tmp_path):
     model = hub_mirror.read_model_folder(str(tmp_path / "t"))
     assert one["private"] is True and one["name"] == model["commit"]
     assert one["files"] == [["config.json", 19], ["model.safetensors", 300 << 10]]
-    assert b"creation date" not in (tmp_path / "1.torrent").read_bytes()
+    data = (tmp_path / "1.torrent").read_bytes()
+    assert b"creation date" not in data and b"created by" not in data
+    assert p2p.infohashes(data) == (one["infohash"], one["infohash_v2"])  # no libtorrent
     p2p.check_torrent(one, model["files"], model["commit"], one["infohash"])
     other = _make(tmp_path / "u", tmp_path / "3.torrent")  # the control: other bytes
     assert other["infohash"] != one["infohash"]
