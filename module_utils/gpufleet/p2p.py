@@ -401,16 +401,15 @@ def run_peer(job, log=None):
 
     save = partial_root(dest, job["commit"])
     os.makedirs(save, exist_ok=True)
-    root_link = os.path.join(save, job["commit"])
     atp = lt.add_torrent_params()
     atp.ti = lt.torrent_info(lt.bdecode(data))
     atp.save_path = save
     atp.flags = (lt.torrent_flags.apply_ip_filter | lt.torrent_flags.disable_dht
                  | lt.torrent_flags.disable_lsd | lt.torrent_flags.disable_pex)
     if job.get("seed_only"):
-        # a verified dest seeds as it is: <commit> points at dest itself
-        if not os.path.islink(root_link):
-            os.symlink(os.path.abspath(dest), root_link)
+        # a verified dest seeds as it is: hard links of its files in the partial area
+        for f in carried:
+            _link_for_seeding(dest, save, job["commit"], f)
         atp.flags |= lt.torrent_flags.seed_mode
     if job.get("web_seed"):
         atp.url_seeds = [job["web_seed"]]
@@ -489,6 +488,19 @@ def run_peer(job, log=None):
     ses.remove_torrent(h)
     del ses
     return result
+
+
+def _link_for_seeding(dest, save, commit, f):
+    """save/<commit>/<path> as a hard link of dest/<path>, whose bytes match f."""
+    final = path_under(dest, f.path)
+    if verify_file(final, f):
+        raise P2PError(f"{final} does not hash to the listing's digest: fetch it again "
+                       "(hf_model verify: full) before seeding it.")
+    partial = path_under(os.path.join(save, commit), f.path)
+    os.makedirs(os.path.dirname(partial), exist_ok=True)
+    if os.path.lexists(partial):
+        os.unlink(partial)
+    os.link(final, partial)
 
 
 def _finish(dest, job, listing, carried):

@@ -11,8 +11,10 @@ The swarm, in order:
 1. origin  127.0.0.2: web seed (nginx) only; then seeds.
 2. hosts   127.0.0.3, 127.0.0.4: peers only (no web seed), at the same time.
 3. outsider 127.0.0.9 (not in the allow-list) knocks on the origin: refused.
-4. locked  127.0.0.7: its lock pins another sha256 for the weights: refused, not placed.
-5. nginx stopped; late   127.0.0.5 joins with the hostile peer 127.0.0.6 (in the
+4. seeder  127.0.0.8 seeds a folder hf_model verified over http (the mirror's own);
+   fresh   127.0.0.10 knows only that one and completes from it.
+5. locked  127.0.0.7: its lock pins another sha256 for the weights: refused, not placed.
+6. nginx stopped; late   127.0.0.5 joins with the hostile peer 127.0.0.6 (in the
    allow-list: a compromised fleet host) listed first: bans and names it, completes
    from the good peers.
 The mirror's egress is the body bytes in nginx's access log.
@@ -42,8 +44,9 @@ PEER = ROOT / "tests/hfstub/p2ppeer.py"
 SYS_PYTHON = "/usr/bin/python3"
 MODEL_BYTES = 4 << 20
 REPO = "lab/tiny-p2p"
-ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, LOCKED, OUTSIDER = (
-    "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.9")
+ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, LOCKED, SEEDER, OUTSIDER, FRESH = (
+    "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.8",
+    "127.0.0.9", "127.0.0.10")
 MIRROR = "127.0.0.1"
 TIMEOUT = 60  # seconds a session may run at most (a hang fails the test, it is no timing)
 
@@ -85,13 +88,14 @@ class Swarm:
     def port(self, addr):
         return self.ports.setdefault(addr, free_port())
 
-    def start(self, name, addr, peers=(), web_seed=False, listing=None):
-        job = {"torrent": str(self.torrent), "dest": str(self.tmp / "hosts" / name),
+    def start(self, name, addr, peers=(), web_seed=False, listing=None, dest=None):
+        job = {"torrent": str(self.torrent), "dest": str(dest or self.tmp / "hosts" / name),
                "listing": listing or self.listing, "commit": self.commit, "infohash": self.infohash,
                "repo_id": REPO, "listen": addr, "port": self.port(addr),
                "peers": [f"{p}:{self.port(p)}" for p in peers], "allow": self.allow,
                "web_seed": self.web_seed if web_seed else None,
-               "stop_file": str(self.stop_file), "timeout": TIMEOUT}
+               "stop_file": str(self.stop_file), "timeout": TIMEOUT,
+               "seed_only": dest is not None}
         (self.tmp / f"{name}.job.json").write_text(json.dumps(job))
         log = self.tmp / f"{name}.log"
         proc = subprocess.Popen(
@@ -154,7 +158,7 @@ def swarm(tmp_path_factory):
     facts = json.loads(made.stdout)
     listing = [{"path": f.path, "size": f.size, "algorithm": f.algorithm,
                 "digest": f.digest} for f in model["files"]]
-    allow = [MIRROR, ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, LOCKED]
+    allow = [MIRROR, ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, LOCKED, SEEDER, FRESH]
     sw = Swarm(tmp, torrent, listing, model["commit"], facts["infohash"], allow,
                f"http://{MIRROR}:{port}/{REPO}/resolve/")
     out = {"model": model, "facts": facts, "egress": {}, "tmp": tmp}
@@ -180,6 +184,11 @@ def swarm(tmp_path_factory):
             sw.wait_complete("late")
             out["hostile_blocks_sent"] = bad.blocks_sent
         out["egress"]["late"] = n.egress()
+        # a host that verified the model over http seeds it as it is; a fresh host
+        # that knows only that one completes from it
+        sw.start("seeder", SEEDER, dest=mirror_folder)
+        sw.start("fresh", FRESH, peers=[SEEDER])
+        sw.wait_complete("fresh")
         out["results"] = sw.finish()
     out["seconds"] = time.monotonic() - started
     print(f"p2p swarm on loopback: {out['seconds']:.1f} s, egress {out['egress']}, "
@@ -252,3 +261,11 @@ def test_bytes_the_lock_refuses_never_get_their_final_name(swarm):
     assert not (dest / "model.safetensors").exists()
     assert (dest / "config.json").exists()  # the files that verified are in place
     assert not (dest / ".gpufleet/manifest.json").exists()
+
+
+def test_a_folder_verified_over_http_seeds_as_it_is(swarm):
+    fresh = swarm["results"]["fresh"]
+    assert fresh["complete"]
+    assert set(fresh["bytes_by_peer"]) == {SEEDER}, fresh["bytes_by_peer"]
+    _check_folder(swarm["tmp"] / "hosts" / "fresh", swarm["model"])
+    assert swarm["results"]["seeder"]["payload_uploaded"] >= 4 << 20
