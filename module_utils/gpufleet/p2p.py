@@ -35,6 +35,7 @@ import shutil
 import tempfile
 import time
 
+from . import grammar
 from .hub import (CHUNK, STATE_DIR, HubError, RepoFile, UnsafePathError, _HEX40,
                   _open_nofollow, manifest_entries, path_under, safe_relpath,
                   validate_repo_id, write_manifest)
@@ -200,12 +201,18 @@ def ip_filter_rules(allowed):
 
 def settings(listen_address, port=DEFAULT_PORT, upload_rate=0, download_rate=0):
     """libtorrent settings_pack of a fleet session: private to the fleet, one address."""
-    addr = ipaddress.ip_address(listen_address)  # ValueError names the bad address
+    try:
+        addr = ipaddress.ip_address(listen_address)
+    except ValueError:
+        raise P2PError(f"listen address {listen_address!r:.80} is not an IP address: give "
+                       "the host's fleet address.") from None
     if addr.is_unspecified:
         raise P2PError("listen address 0.0.0.0/:: would listen on every interface; give "
                        "the host's fleet address.")
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise P2PError(f"listen port {port!r} is not a TCP port (1-65535).")
+    try:
+        port = grammar.port(port, "listen port")
+    except grammar.GrammarError as exc:
+        raise P2PError(str(exc)) from None
     host = f"[{addr}]" if addr.version == 6 else str(addr)
     return {
         "listen_interfaces": f"{host}:{port}",
