@@ -254,7 +254,7 @@ def web_seed_url(endpoint, repo_id):
 
 # ---------------------------------------------------------------- files
 
-def partial_root(dest, commit):
+def partial_root(dest):
     """dest/.gpufleet/p2p: libtorrent's save_path; files land in <commit>/<path> below."""
     return os.path.join(dest, STATE_DIR, P2P_DIR)
 
@@ -374,8 +374,8 @@ def run_peer(job, log=None):
     torrent (path), dest, listing ([{path, size, algorithm, digest, pinned}]), commit,
     infohash (optional), listen ("addr"), port, peers (["addr:port"]), allow (addresses),
     web_seed (base URL, origin host only), seed_only (dest is verified already),
-    stop_file (seeding ends when it exists), seed_until_peers ({addr: True} not used
-    yet), timeout (seconds for the whole run).
+    stop_file (seeding ends when it exists; without one the run ends when complete),
+    upload_rate / download_rate (bytes/s, 0: no cap), timeout (seconds for the whole run).
     Returns summary() plus bytes and events. Files are verified with hf_model's rule
     before they get their final name; a complete run writes dest's manifest."""
     lt = _lt()
@@ -406,7 +406,7 @@ def run_peer(job, log=None):
         flt.add_rule(first, last, 1 if blocked else 0)
     ses.set_ip_filter(flt)
 
-    save = partial_root(dest, job["commit"])
+    save = partial_root(dest)
     os.makedirs(save, exist_ok=True)
     atp = lt.add_torrent_params()
     atp.ti = lt.torrent_info(lt.bdecode(data))
@@ -527,4 +527,4 @@ def _finish(dest, job, listing, carried):
 
 def cleanup(dest, commit):
     """Remove the partial area once seeding has stopped (dest's files are other links)."""
-    shutil.rmtree(partial_root(dest, commit), ignore_errors=True)
+    shutil.rmtree(os.path.join(partial_root(dest), commit), ignore_errors=True)
