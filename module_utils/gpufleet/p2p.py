@@ -53,6 +53,10 @@ class P2PError(HubError):
     """A p2p input or outcome that cannot go on; the message says what to do."""
 
 
+class WebSeedDown(P2PError):
+    """The web seed did not answer: peers may still serve every piece."""
+
+
 # ---------------------------------------------------------------- what a torrent holds
 
 def piece_size(total):
@@ -243,6 +247,23 @@ def web_seed_verdict(url, status, headers):
             "(hf_site_mirror, nginx) as the p2p web seed, or model_fetch_transport: http.")
 
 
+def probe_web_seed(base_url, commit, path, timeout=10):
+    """Ask the web seed for the first byte of one file; P2PError when it cannot serve
+    pieces (web_seed_verdict), or cannot be reached."""
+    import requests  # noqa: PLC0415 - hub needs it anyway; kept out of the decisions
+
+    url = f"{base_url}{commit}/{path}"
+    try:
+        with requests.get(url, headers={"Range": "bytes=0-0"}, stream=True,
+                          timeout=timeout, allow_redirects=False) as r:
+            why = web_seed_verdict(url, r.status_code, dict(r.headers))
+    except requests.RequestException as exc:
+        raise WebSeedDown(f"the web seed {url} did not answer ({type(exc).__name__}); start "
+                       "the site mirror or leave the web seed out.") from None
+    if why:
+        raise P2PError(why)
+
+
 def web_seed_url(endpoint, repo_id):
     """BEP 19 base URL: libtorrent appends ``<commit>/<path>`` (the torrent's root and a
     file's path), giving the site mirror's ``/<repo>/resolve/<commit>/<path>``."""
@@ -373,7 +394,9 @@ def run_peer(job, log=None):
 
     torrent (path), dest, listing ([{path, size, algorithm, digest, pinned}]), commit,
     infohash (optional), listen ("addr"), port, peers (["addr:port"]), allow (addresses),
-    web_seed (base URL, origin host only), seed_only (dest is verified already),
+    web_seed (base URL, origin host only; probed first unless probe_web_seed is false:
+    one that ignores Range fails the run, one that does not answer is left out),
+    seed_only (dest is verified already),
     stop_file (seeding ends when it exists; without one the run ends when complete),
     upload_rate / download_rate (bytes/s, 0: no cap), timeout (seconds for the whole run).
     Returns summary() plus bytes and events. Files are verified with hf_model's rule
@@ -419,7 +442,12 @@ def run_peer(job, log=None):
             _link_for_seeding(dest, save, job["commit"], f)
         atp.flags |= lt.torrent_flags.seed_mode
     if job.get("web_seed"):
-        atp.url_seeds = [job["web_seed"]]
+        try:
+            if job.get("probe_web_seed", True):
+                probe_web_seed(job["web_seed"], job["commit"], carried[0].path)
+            atp.url_seeds = [job["web_seed"]]
+        except WebSeedDown as exc:  # a seed that ignores Range is refused (P2PError)
+            note("web_seed_down", message=str(exc))
     h = ses.add_torrent(atp)
     for peer in job.get("peers") or []:
         host, _, port = peer.rpartition(":")

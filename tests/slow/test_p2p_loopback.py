@@ -109,6 +109,13 @@ class Swarm:
         proc, log = self.procs[name]
         _wait_for(log, '"event": "complete"', proc, name)
 
+    def kill(self):
+        """After a failure: no host outlives the test."""
+        for proc, _ in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
     def finish(self):
         self.stop_file.touch()
         results = {}
@@ -163,33 +170,36 @@ def swarm(tmp_path_factory):
                f"http://{MIRROR}:{port}/{REPO}/resolve/")
     out = {"model": model, "facts": facts, "egress": {}, "tmp": tmp}
     with Nginx(tmp / "nginx", conf, access_log=tmp / "nginx-access.log") as n:
-        n.wait(f"http://{MIRROR}:{port}/")
-        sw.start("origin", ORIGIN, web_seed=True)
-        sw.wait_complete("origin")
-        out["egress"]["origin"] = n.egress()
-        for name, addr in (("host_b", HOST_B), ("host_c", HOST_C)):
-            sw.start(name, addr, peers=[ORIGIN, HOST_B, HOST_C])
-        sw.wait_complete("host_b")
-        sw.wait_complete("host_c")
-        out["egress"]["hosts"] = n.egress()
-        out["outsider_got"] = _knock(ORIGIN, sw.port(ORIGIN), facts["infohash"], OUTSIDER)
-        out["insider_got"] = _knock(ORIGIN, sw.port(ORIGIN), facts["infohash"], LATE)[:68]
-        # a host whose lock pins other bytes for the weights than the mirror's
-        locked = [dict(e, pinned="0" * 64) if e["path"] == "model.safetensors" else e
-                  for e in listing]
-        sw.start("locked", LOCKED, peers=[ORIGIN, HOST_B, HOST_C], listing=locked)
-        n.stop()
-        with BadPeer(HOSTILE, sw.port(HOSTILE), facts["num_pieces"]) as bad:
-            sw.start("late", LATE, peers=[HOSTILE, ORIGIN, HOST_B, HOST_C], web_seed=True)
-            sw.wait_complete("late")
-            out["hostile_blocks_sent"] = bad.blocks_sent
-        out["egress"]["late"] = n.egress()
-        # a host that verified the model over http seeds it as it is; a fresh host
-        # that knows only that one completes from it
-        sw.start("seeder", SEEDER, dest=mirror_folder)
-        sw.start("fresh", FRESH, peers=[SEEDER])
-        sw.wait_complete("fresh")
-        out["results"] = sw.finish()
+        try:
+            n.wait(f"http://{MIRROR}:{port}/")
+            sw.start("origin", ORIGIN, web_seed=True)
+            sw.wait_complete("origin")
+            out["egress"]["origin"] = n.egress()
+            for name, addr in (("host_b", HOST_B), ("host_c", HOST_C)):
+                sw.start(name, addr, peers=[ORIGIN, HOST_B, HOST_C])
+            sw.wait_complete("host_b")
+            sw.wait_complete("host_c")
+            out["egress"]["hosts"] = n.egress()
+            out["outsider_got"] = _knock(ORIGIN, sw.port(ORIGIN), facts["infohash"], OUTSIDER)
+            out["insider_got"] = _knock(ORIGIN, sw.port(ORIGIN), facts["infohash"], LATE)[:68]
+            # a host whose lock pins other bytes for the weights than the mirror's
+            locked = [dict(e, pinned="0" * 64) if e["path"] == "model.safetensors" else e
+                      for e in listing]
+            sw.start("locked", LOCKED, peers=[ORIGIN, HOST_B, HOST_C], listing=locked)
+            n.stop()
+            with BadPeer(HOSTILE, sw.port(HOSTILE), facts["num_pieces"]) as bad:
+                sw.start("late", LATE, peers=[HOSTILE, ORIGIN, HOST_B, HOST_C], web_seed=True)
+                sw.wait_complete("late")
+                out["hostile_blocks_sent"] = bad.blocks_sent
+            out["egress"]["late"] = n.egress()
+            # a host that verified the model over http seeds it as it is; a fresh host
+            # that knows only that one completes from it
+            sw.start("seeder", SEEDER, dest=mirror_folder)
+            sw.start("fresh", FRESH, peers=[SEEDER])
+            sw.wait_complete("fresh")
+            out["results"] = sw.finish()
+        finally:
+            sw.kill()
     out["seconds"] = time.monotonic() - started
     print(f"p2p swarm on loopback: {out['seconds']:.1f} s, egress {out['egress']}, "
           f"hostile blocks {out['hostile_blocks_sent']}")
@@ -250,6 +260,7 @@ def test_late_joiner_completes_with_the_web_seed_down(swarm):
     assert late["complete"]
     assert late["bytes_by_source"]["web_seed"] == 0
     assert swarm["egress"]["late"] == swarm["egress"]["hosts"]
+    assert [e["event"] for e in late["events"]][0] == "web_seed_down"
 
 
 def test_bytes_the_lock_refuses_never_get_their_final_name(swarm):

@@ -150,6 +150,23 @@ def test_web_seed_must_honour_range():
     assert p2p.web_seed_verdict(url, 206, {}) is not None
 
 
+@pytest.mark.parametrize("range_support", [True, False])
+def test_probe_web_seed_refuses_a_server_that_ignores_range(range_support):
+    with HubStub([Repo("lab/t", {"config.json": b"{}"})], range_support=range_support) as s:
+        commit = s.repos["lab/t"].commit
+        base = p2p.web_seed_url(s.url, "lab/t")
+        if range_support:
+            assert p2p.probe_web_seed(base, commit, "config.json") is None
+        else:  # olah's behaviour: 200 and the whole file
+            with pytest.raises(p2p.P2PError, match="ignores Range"):
+                p2p.probe_web_seed(base, commit, "config.json")
+
+
+def test_probe_web_seed_names_a_mirror_that_is_down():
+    with pytest.raises(p2p.P2PError, match="did not answer"):
+        p2p.probe_web_seed("http://127.0.0.1:9/lab/t/resolve/", "a" * 40, "config.json", 2)
+
+
 def test_web_seed_url_is_the_site_mirrors_resolve_path():
     assert p2p.web_seed_url("http://10.0.0.1:8090/", "org/m") == \
         "http://10.0.0.1:8090/org/m/resolve/"
