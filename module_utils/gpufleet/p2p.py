@@ -474,7 +474,7 @@ def run_peer(job, log=None):
                 f = by_path.get(rel)
                 if f is None or rel in done:
                     continue
-                partial = os.path.join(save, job["commit"], *rel.split("/"))
+                partial = path_under(os.path.join(save, job["commit"]), rel)
                 bad = verify_file(partial, f)
                 if bad:
                     rejected.add(rel)
