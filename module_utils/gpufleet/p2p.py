@@ -420,7 +420,8 @@ def run_peer(job, log=None):
     ses = lt.session(settings(job["listen"], job.get("port", DEFAULT_PORT),
                               job.get("upload_rate", 0), job.get("download_rate", 0)), 0)
     ses.add_extension("smart_ban")  # names the peer behind a bad block even in mixed pieces
-    ses.apply_settings({"alert_mask": lt.alert_category.error | lt.alert_category.peer
+    ses.apply_settings({"alert_queue_size": 100000,
+                        "alert_mask": lt.alert_category.error | lt.alert_category.peer
                         | lt.alert_category.status | lt.alert_category.storage
                         | lt.alert_category.ip_block | lt.alert_category.file_progress
                         | lt.alert_category.block_progress})
@@ -468,21 +469,10 @@ def run_peer(job, log=None):
     deadline = start + float(job.get("timeout", 600))
     finished_at = None
     while time.monotonic() < deadline:
+        completed = []
         for a in ses.pop_alerts():
             if isinstance(a, lt.file_completed_alert):
-                rel = index.get(int(a.index))
-                f = by_path.get(rel)
-                if f is None or rel in done:
-                    continue
-                partial = path_under(os.path.join(save, job["commit"]), rel)
-                bad = verify_file(partial, f)
-                if bad:
-                    rejected.add(rel)
-                    note("rejected", path=rel, why=bad)
-                else:
-                    place_file(dest, partial, f)
-                    done.add(rel)
-                    note("placed", path=rel)
+                completed.append(int(a.index))
             elif isinstance(a, lt.block_finished_alert):
                 ip = _ip(a.endpoint)
                 by_peer[ip] = by_peer.get(ip, 0) + _block_bytes(ti, int(a.piece_index),
@@ -496,6 +486,25 @@ def run_peer(job, log=None):
             elif isinstance(a, (lt.torrent_error_alert, lt.listen_failed_alert,
                                 lt.file_error_alert)):
                 note("error", message=a.message())
+        if len(done | rejected) < len(carried):
+            # alerts can be dropped when the queue is full: the pieces' progress is the truth
+            progress = h.file_progress(lt.torrent_handle.piece_granularity)
+            completed += [i for i, rel in index.items()
+                          if rel in by_path and progress[i] == by_path[rel].size]
+        for i in completed:
+            rel = index.get(i)
+            f = by_path.get(rel)
+            if f is None or rel in done or rel in rejected:
+                continue
+            partial = path_under(os.path.join(save, job["commit"]), rel)
+            bad = verify_file(partial, f)
+            if bad:
+                rejected.add(rel)
+                note("rejected", path=rel, why=bad)
+            else:
+                place_file(dest, partial, f)
+                done.add(rel)
+                note("placed", path=rel)
         if finished_at is None and len(done) == len(carried):
             finished_at = time.monotonic()
             if not job.get("seed_only"):
