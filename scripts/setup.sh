@@ -14,7 +14,10 @@ cd "$ROOT"
 
 # haproxy: Debian's HAProxy, run by tests/unit/test_upgrade_orchestration.py as the real
 # gateway in front of stand-in vLLM instances (the lab's gateway runs in its own container).
-APT_PACKAGES=(docker.io debootstrap apt-utils dpkg-dev git git-lfs nginx-light haproxy python3-venv curl)
+# python3-libtorrent + python3-requests: the p2p engine (gpufleet.p2p) under Debian's
+# /usr/bin/python3, as the GPU hosts run it (tests/slow/test_p2p_loopback.py).
+APT_PACKAGES=(docker.io debootstrap apt-utils dpkg-dev git git-lfs nginx-light haproxy python3-venv curl
+  python3-libtorrent python3-requests)
 
 setup_apt() {
   local missing=()

@@ -31,18 +31,23 @@ def render_site_conf(root, listen, conf_dir):
     return conf_dir
 
 
-def write_main_conf(workdir, conf_dir, workers=2, daemon=False):
-    """A main nginx.conf under workdir that includes conf_dir/*.conf in http {}."""
+def write_main_conf(workdir, conf_dir, workers=2, daemon=False, access_log=None):
+    """A main nginx.conf under workdir that includes conf_dir/*.conf in http {}. With
+    access_log (a path), each request is logged as "status body_bytes_sent range uri"
+    (what the mirror sent: its egress)."""
     w = pathlib.Path(workdir)
     for d in ("tmp", "logs"):
         (w / d).mkdir(parents=True, exist_ok=True)
     conf = w / "nginx.conf"
+    log = ("  access_log off;\n" if not access_log else
+           "  log_format egress '$status $body_bytes_sent \"$http_range\" $uri';\n"
+           f"  access_log {access_log} egress;\n")
     conf.write_text(
         f"daemon {'on' if daemon else 'off'};\nuser root;\n"
         f"worker_processes {workers};\n"
         f"pid {w}/nginx.pid;\nerror_log {w}/logs/error.log warn;\n"
         "events { worker_connections 256; }\n"
-        "http {\n  access_log off;\n"
+        "http {\n" + log +
         f"  client_body_temp_path {w}/tmp/body;\n"
         f"  include {conf_dir}/*.conf;\n}}\n")
     subprocess.run(["nginx", "-t", "-q", "-p", str(w), "-c", str(conf)], check=True,
@@ -64,14 +69,16 @@ def wait_http(url, timeout=20):
 class Nginx:
     """`with Nginx(workdir, conf_dir) as n:` runs nginx in the foreground (a child)."""
 
-    def __init__(self, workdir, conf_dir, workers=2):
+    def __init__(self, workdir, conf_dir, workers=2, access_log=None):
         self.workdir = pathlib.Path(workdir)
         self.conf_dir = pathlib.Path(conf_dir)
         self.workers = workers
+        self.access_log = access_log
         self.proc = None
 
     def __enter__(self):
-        conf = write_main_conf(self.workdir, self.conf_dir, self.workers)
+        conf = write_main_conf(self.workdir, self.conf_dir, self.workers,
+                               access_log=self.access_log)
         self.proc = subprocess.Popen(["nginx", "-p", str(self.workdir), "-c", str(conf)],
                                      stderr=subprocess.PIPE)
         return self
@@ -79,7 +86,22 @@ class Nginx:
     def wait(self, url, timeout=20):
         wait_http(url, timeout)
 
+    def egress(self):
+        """Body bytes nginx sent, from the access log (None without one)."""
+        if not self.access_log:
+            return None
+        try:
+            lines = pathlib.Path(self.access_log).read_text().splitlines()
+        except FileNotFoundError:
+            return 0
+        return sum(int(line.split()[1]) for line in lines if line.strip())
+
+    def stop(self):
+        self.__exit__(None, None, None)
+
     def __exit__(self, *exc):
+        if self.proc.poll() is not None:
+            return
         self.proc.terminate()
         try:
             self.proc.wait(timeout=10)
