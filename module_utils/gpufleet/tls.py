@@ -13,11 +13,11 @@ import ipaddress
 
 from . import grammar
 
-__all__ = ["TLSError", "pair_problems", "san_entries"]
+__all__ = ["TLSError", "ca_problems", "client_session", "pair_problems", "san_entries"]
 
 
 class TLSError(ValueError):
-    """A name that cannot go into a certificate."""
+    """A name that cannot go into a certificate, or a CA file a client cannot use."""
 
 
 def _load(cert_pem, key_pem):
@@ -67,18 +67,42 @@ def pair_problems(cert_pem, key_pem, cert_name="the certificate", key_name="the 
                 for p in problems]
     if cert is None:
         return problems
-    now = now or datetime.datetime.now(datetime.timezone.utc)
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    if now > end:
-        problems.append(f"{cert_name} expired on {end.isoformat()}: renew it (or, with the fleet CA, "
-                        "remove it and run the role again)")
-    elif now < start:
-        problems.append(f"{cert_name} is not valid before {start.isoformat()}: check the control "
-                        "node's clock or the certificate")
+    problems += _validity(cert, cert_name, now)
     if key is not None and _public(cert) != _public(key):
         problems.append(f"{key_name} is not the private key of {cert_name} (their public keys "
                         "differ): give the key the certificate was issued for")
     return problems
+
+
+def _validity(cert, name, now):
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if now > end:
+        return [f"{name} expired on {end.isoformat()}: renew it (or, with the fleet CA, "
+                "remove it and run the role again)"]
+    if now < start:
+        return [f"{name} is not valid before {start.isoformat()}: check the control "
+                "node's clock or the certificate"]
+    return []
+
+
+def ca_problems(ca_pem, name="the CA certificate", now=None):
+    """What is wrong with a CA certificate (PEM) HAProxy verifies the backends with
+    (`ca-file`): [] when its first certificate parses, is a CA's (basicConstraints CA:TRUE)
+    and is valid now."""
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(ca_pem.encode() if isinstance(ca_pem, str) else ca_pem)
+    except (ValueError, TypeError, AttributeError):
+        return [f"{name} holds no PEM certificate (BEGIN CERTIFICATE) first"]
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    problems = [] if is_ca else [f"{name} is not a CA certificate (no basicConstraints CA:TRUE): "
+                                 "give the CA that signed the backends' certificates, not a server's"]
+    return problems + _validity(cert, name, now)
 
 
 def san_entries(names):
@@ -108,3 +132,28 @@ def san_entries(names):
         raise TLSError("the gateway's certificate needs at least one host name or address: set "
                        "vllm_gateway_tls_names")
     return entries
+
+
+def client_session(session, ca_file=""):
+    """`session` (a requests.Session) set to verify https certificates with `ca_file` (a
+    PEM CA certificate, e.g. the fleet CA's), or with the system's trust store when it is
+    empty. gpufleet's clients of the gateway and the instances (vllm_probe, vllm_ready)
+    take their session from here; verification is never turned off."""
+    import os
+
+    if ca_file:
+        if not (os.path.isfile(ca_file) and os.access(ca_file, os.R_OK)):
+            raise TLSError(f"ca_file {ca_file} is not a readable file: give the CA certificate (PEM) "
+                           "the URL's certificate chains to, or leave it empty for the system's "
+                           "trust store")
+        session.verify = ca_file
+        # requests prefers REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE to session.verify (it merges
+        # the environment per request): give every request the CA file itself.
+        request = session.request
+
+        def verified(method, url, **kwargs):
+            kwargs["verify"] = ca_file
+            return request(method, url, **kwargs)
+
+        session.request = verified
+    return session

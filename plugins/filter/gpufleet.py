@@ -79,6 +79,14 @@ def tls_problems(cert_pem, key_pem, cert_name="the certificate", key_name="the k
     return tls.pair_problems(cert_pem, key_pem, cert_name, key_name)
 
 
+def tls_ca_problems(ca_pem, name="the CA certificate"):
+    """gpufleet.tls.ca_problems: what is wrong with the CA certificate HAProxy verifies
+    the backends with; [] when none."""
+    from gpufleet import tls
+
+    return tls.ca_problems(ca_pem, name)
+
+
 def tls_san(names):
     """gpufleet.tls.san_entries: ['IP:...', 'DNS:...'] for a certificate the fleet CA signs."""
     from gpufleet import tls
@@ -208,6 +216,7 @@ class FilterModule:
             "gpufleet_bad_api_keys": bad_api_keys,
             "gpufleet_tls_problems": tls_problems,
             "gpufleet_tls_san": tls_san,
+            "gpufleet_tls_ca_problems": tls_ca_problems,
             "gpufleet_key_digests": _keys(key_digests),
             "gpufleet_auth_config": _keys(auth_config),
             "gpufleet_probe_key": _keys(serve.probe_key),
