@@ -140,7 +140,7 @@ def _instances(tmp_path):
     return str(path)
 
 
-def _run(tmp_path, extra):
+def _run(tmp_path, extra, check=False):
     from helpers import run_playbook
 
     play = tmp_path / "play.yml"
@@ -153,11 +153,13 @@ def _run(tmp_path, extra):
             "vllm_gateway_frontends": [{"served_model_name": "chat", "port": 9000}],
             "vllm_gateway_tls_ca_dir": str(tmp_path / "fleet-ca")}
     rc, _, failures, changed, output = run_playbook(inventory, play, "localhost", dict(base, **extra),
-                                                    verbosity=3, with_output=True)
+                                                    check=check, verbosity=3, with_output=True)
     return rc, output, failures, changed
 
 
 def test_the_preflight_makes_the_fleet_ca_on_the_control_node_and_logs_no_key(tmp_path):
+    rc, output, failures, changed = _run(tmp_path, {}, check=True)  # a check run makes nothing
+    assert rc == 0 and not (tmp_path / "fleet-ca").exists(), failures
     rc, output, failures, changed = _run(tmp_path, {})
     assert rc == 0, failures
     ca = tmp_path / "fleet-ca"
