@@ -24,6 +24,13 @@ options:
     description: Base URL of the instance (C(http://127.0.0.1:8000)).
     type: str
     required: true
+  ca_file:
+    description:
+      - CA certificate (PEM) that an C(https) O(url)'s certificate must chain to, e.g. the
+        fleet CA's (vllm_gateway_tls_ca_path). Empty means the system's trust store.
+      - Certificates are always verified; there is no option to turn that off.
+    type: path
+    default: ""
   api_key:
     description: The API key of C(/v1); never logged.
     type: str
@@ -143,7 +150,7 @@ verdict:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gpufleet import options
+from ansible.module_utils.gpufleet import options, tls
 from ansible.module_utils.gpufleet.upgrade import (
     UpgradeError, probe_gate, run_probe, wait_idle)
 
@@ -185,11 +192,21 @@ def run(params, session):
     return False, result
 
 
+def _session(module):
+    """A requests session that verifies https certificates (O(ca_file), else the system's
+    trust store): gpufleet.tls.client_session, the one rule."""
+    try:
+        return tls.client_session(requests.Session(), module.params["ca_file"])
+    except tls.TLSError as exc:
+        module.fail_json(msg=str(exc))
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str", "required": True},
             "api_key": {"type": "str", "default": "", "no_log": True},
+            "ca_file": {"type": "path", "default": ""},
             "served_model_name": {"type": "str", "default": ""},
             "runner": {"type": "str", "choices": ["generate", "pooling"],
                        "default": "generate"},
@@ -224,7 +241,7 @@ def main():
     if not HAS_REQUESTS:
         module.fail_json(msg=missing_required_lib("requests"))
     p = module.params
-    failed, result = run(p, requests.Session())
+    failed, result = run(p, _session(module))
     if failed:
         module.fail_json(**result)
     module.exit_json(**result)

@@ -25,6 +25,13 @@ options:
     description: Base URL of the server, without a path (C(http://127.0.0.1:8000)).
     type: str
     required: true
+  ca_file:
+    description:
+      - CA certificate (PEM) that an C(https) O(url)'s certificate must chain to, e.g. the
+        fleet CA's (vllm_gateway_tls_ca_path). Empty means the system's trust store.
+      - Certificates are always verified; there is no option to turn that off.
+    type: path
+    default: ""
   api_key:
     description:
       - The server's API key (vLLM C(--api-key) / C(VLLM_API_KEY)), sent as a bearer
@@ -135,7 +142,7 @@ diagnoses:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gpufleet import options
+from ansible.module_utils.gpufleet import options, tls
 from ansible.module_utils.gpufleet.serve import NotReady, diagnose, failure_message, wait_ready
 
 try:
@@ -209,11 +216,21 @@ def run(params, session=None, watch=None):
     return False, result
 
 
+def _session(module):
+    """A requests session that verifies https certificates (O(ca_file), else the system's
+    trust store): gpufleet.tls.client_session, the one rule."""
+    try:
+        return tls.client_session(requests.Session(), module.params["ca_file"])
+    except tls.TLSError as exc:
+        module.fail_json(msg=str(exc))
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str", "required": True},
             "api_key": {"type": "str", "default": "", "no_log": True},
+            "ca_file": {"type": "path", "default": ""},
             "served_model_name": {"type": "str", "required": True},
             "runner": {"type": "str", "choices": ["generate", "pooling"],
                        "default": "generate"},
@@ -243,7 +260,7 @@ def main():
     if module.params["container"] and not HAS_DOCKER:
         module.fail_json(msg=missing_required_lib("docker"))
     try:
-        failed, result = run(module.params)
+        failed, result = run(module.params, _session(module))
     except Exception as exc:  # docker: container missing, daemon unreachable
         if HAS_DOCKER and isinstance(exc, docker_errors.DockerException):
             module.fail_json(msg=f"cannot watch container {module.params['container']}: {exc}")

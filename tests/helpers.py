@@ -37,9 +37,11 @@ def run_module(main, args, monkeypatch, check_mode=False):
     return json.loads(json.dumps(exc.value.result)), exc.value.failed
 
 
-def run_playbook(inventory, playbook, host, extra_vars, check=False, timeout=900):
+def run_playbook(inventory, playbook, host, extra_vars, check=False, timeout=900, verbosity=0,
+                 with_output=False):
     """Run ansible-playbook with the json callback; return (rc, changed count of `host`,
-    failure messages (task: msg, with failed loop items), names of changed tasks)."""
+    failure messages (task: msg, with failed loop items), names of changed tasks), and,
+    with_output, its whole stdout and stderr last (to grep for secrets; -v x verbosity)."""
     import os
     import re
     import subprocess
@@ -52,6 +54,8 @@ def run_playbook(inventory, playbook, host, extra_vars, check=False, timeout=900
             "-e", json.dumps(extra_vars)]
     if check:
         args.append("--check")
+    if verbosity:
+        args.append("-" + "v" * verbosity)
     proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
     start = re.search(r"^\{", proc.stdout, re.M)  # profile_tasks may print lines first
     assert start, f"ansible-playbook printed no report: {proc.stdout}\n{proc.stderr}"
@@ -63,6 +67,8 @@ def run_playbook(inventory, playbook, host, extra_vars, check=False, timeout=900
                 + _failed_modules(res)
                 for name, res in results if res.get("failed")]
     changed = [name for name, res in results if res.get("changed")]
+    if with_output:
+        return proc.returncode, report["stats"][host]["changed"], failures, changed, proc.stdout + proc.stderr
     return proc.returncode, report["stats"][host]["changed"], failures, changed
 
 

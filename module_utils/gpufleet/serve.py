@@ -235,9 +235,12 @@ def target(address, port):
     return f"{host}:{int(port)}"
 
 
-def local_url(bind_address, port):
-    """Base URL of an instance for a client on the same host."""
-    return f"http://{target(local_address(bind_address), port)}"
+def local_url(bind_address, port, scheme="http"):
+    """Base URL of an instance (or of a gateway frontend, scheme https with TLS) for a
+    client on the same host."""
+    if scheme not in ("http", "https"):
+        raise PlanError(f"scheme must be http or https, got {scheme!r:.40}")
+    return f"{scheme}://{target(local_address(bind_address), port)}"
 
 
 def registry_entry(instance, host, address):

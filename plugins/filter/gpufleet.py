@@ -70,6 +70,33 @@ def bad_inputs(inputs):
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def tls_problems(cert_pem, key_pem, cert_name="the certificate", key_name="the key"):
+    """gpufleet.tls.pair_problems: what is wrong with a certificate and its key (parse,
+    match, validity now); [] when they suit HAProxy's `bind ... ssl crt`. No key text in
+    any message."""
+    from gpufleet import tls  # here: it needs cryptography, which only the controller has
+
+    return tls.pair_problems(cert_pem, key_pem, cert_name, key_name)
+
+
+def tls_ca_problems(ca_pem, name="the CA certificate"):
+    """gpufleet.tls.ca_problems: what is wrong with the CA certificate HAProxy verifies
+    the backends with; [] when none."""
+    from gpufleet import tls
+
+    return tls.ca_problems(ca_pem, name)
+
+
+def tls_san(names):
+    """gpufleet.tls.san_entries: ['IP:...', 'DNS:...'] for a certificate the fleet CA signs."""
+    from gpufleet import tls
+
+    try:
+        return tls.san_entries(names)
+    except tls.TLSError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
 def _keys(func):
     """serve's API-key helpers as filters: a bad key is an AnsibleFilterError whose message
     names the variable, never the value."""
@@ -187,6 +214,9 @@ class FilterModule:
             "gpufleet_bad_addresses": bad_addresses,
             "gpufleet_bad_inputs": bad_inputs,
             "gpufleet_bad_api_keys": bad_api_keys,
+            "gpufleet_tls_problems": tls_problems,
+            "gpufleet_tls_san": tls_san,
+            "gpufleet_tls_ca_problems": tls_ca_problems,
             "gpufleet_key_digests": _keys(key_digests),
             "gpufleet_auth_config": _keys(auth_config),
             "gpufleet_probe_key": _keys(serve.probe_key),

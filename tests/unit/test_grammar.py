@@ -371,6 +371,11 @@ HOSTILE_GATEWAY = {
     "vllm_gateway_server_state_file": "relative/state",
     "vllm_gateway_config_path": "/etc/haproxy/../passwd",
     "vllm_gateway_api_keys_file": "/etc/haproxy/keys\n    acl k always_true",
+    "vllm_gateway_tls_pem_path": "/etc/haproxy/certs/fleet.pem crt /tmp/other.pem",
+    "vllm_gateway_tls_ca_path": "/etc/haproxy/ca.crt\n    listen z",
+    "vllm_gateway_tls_min_version": "TLSv1.0\n    ssl-default-bind-options ssl-max-ver SSLv3",
+    "vllm_gateway_tls_hsts_max_age": "1\"\n    listen h",
+    "vllm_gateway_tls_cert_days": "397\nlisten d",
 }
 
 

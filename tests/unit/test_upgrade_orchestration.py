@@ -214,6 +214,7 @@ def _haproxy_config(tmp_path, servers, port, stats_port):
              vllm_gateway_server_state_file=str(tmp_path / "server-state"),
              vllm_gateway_api_keys_file=str(tmp_path / "api-keys"),
              vllm_gateway_metrics_port=stats_port,
+             vllm_gateway_tls=False,  # plain HTTP, as the lab's gateway (TLS: test_gateway_tls.py)
              # quicker health checks than the role's 2 s x 3 (each re-enable waits for UP)
              vllm_gateway_check_inter="300ms", vllm_gateway_check_rise=2, vllm_gateway_slowstart="1s",
              __vllm_gateway_plan={"frontends": [{"name": "chat", "served_model_name": "chat", "port": port,
