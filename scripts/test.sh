@@ -179,7 +179,7 @@ stage "pytest: slow tests on the lab (the whole lab, alone)"
 # The lab run (brought up by the Molecule lane), the front door's route table, its second
 # run, check mode, the site.yml refusal, the control case, every rolling upgrade under load
 # ((a)+(f) a settings change and a key rotation in two runs over the whole lab, the same
-# upgrade again, (b) image, (d) bad canary, (e) driver branch with reboots, (c) model
+# upgrade again, (d) bad canary, (b)+(e) image and driver branch with reboots, (c) model
 # revision), then playbooks/benchmark.yml, on one lab. The orchestration cases (the
 # controller killed after a drain with HAProxy reloaded, two runs at once, a gate failure
 # in a two-host batch, a lost host) run against the real HAProxy with stand-in vLLM
