@@ -144,7 +144,9 @@ def test_kill_halfway_then_resume_downloads_less(tmp_path, monkeypatch):
     with HubStub([Repo("org/big", files)], throttle_bps=6 << 20) as s:
         a = {"repo_id": "org/big", "dest": str(dest), "endpoint": s.url}
         proc = _ansible(a)
-        incomplete = dest / ".gpufleet" / "incomplete"
+        # a new commit is fetched into its own folder (module_utils/gpufleet/revisions.py)
+        incomplete = (tmp_path / ".gpufleet-revisions" / "m" / s.repos["org/big"].commit
+                      / ".gpufleet" / "incomplete")
         deadline = time.monotonic() + 60
         try:
             while time.monotonic() < deadline:
