@@ -34,12 +34,12 @@ description:
     commit. A new commit is fetched into its own folder, seeded with hard links of the
     files whose hash the listing keeps from the served commit (only changed bytes are
     fetched), and O(dest) is switched to it (a new link renamed over it) only once every
-    file verified: a failed or cut fetch leaves O(dest) and the served folder untouched,
+    file verified; a failed or cut fetch leaves O(dest) and the served folder untouched,
     and the next run resumes it. A folder O(dest) of the layout before (with the
     manifest of a commit) is moved into its commit folder first.
   - O(revision) given as a commit whose folder is complete (verified manifest, files
     unchanged) re-points O(dest) without asking the mirror (a rollback works with the
-    mirror down); with O(verify=full) the mirror is asked as for any fetch.
+    mirror down). With O(verify=full) the mirror is asked as for any fetch.
   - Refuses a O(dest) that is a symbolic link it did not make, and links where the
     revision folders are.
   - Writes C(DEST/.gpufleet/manifest.json) (commit, files, sizes, hashes, mtimes,
@@ -168,7 +168,7 @@ options:
     default: 10000
   revisions_keep:
     description:
-      - Commit folders kept in C(ROOT/.gpufleet-revisions/NAME/) (ROOT and NAME: the parent
+      - Commit folders kept in C(ROOT/.gpufleet-revisions/NAME/) (ROOT and NAME are the parent
         and last component of O(dest)); older ones are removed after a new commit is
         switched to. The served commit, the one served before it (the last good one a
         rollback goes back to), commits a running container mounts (read from
