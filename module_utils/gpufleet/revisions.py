@@ -276,17 +276,21 @@ def _busy(path):
 
 
 def prune_plan(revisions, keep, protect):
-    """revisions: [(commit, mtime)] of the store; keep: how many to keep in all; protect:
+    """revisions: [(commit, rank)] of the store (revisions_in; a higher rank is kept
+    first); keep: how many to keep in all; protect:
     commits never removed (served, previous, mounted, pinned, busy). The newest others
     fill the count; -> the commits to remove, oldest first."""
     protect = set(protect)
     room = max(0, keep - len([c for c, _ in revisions if c in protect]))
-    others = sorted((r for r in revisions if r[0] not in protect), key=lambda r: -r[1])
+    others = sorted((r for r in revisions if r[0] not in protect), key=lambda r: r[1],
+                    reverse=True)
     return [c for c, _ in sorted(others[room:], key=lambda r: r[1])]
 
 
 def revisions_in(layout):
-    """[(commit, mtime)] of the commit folders in the store (other names are left)."""
+    """[(commit, rank)] of the commit folders in the store (other names are left). rank:
+    (complete, when its manifest was written): a partial fetch ranks below every
+    complete folder, then the most recently verified first."""
     out = []
     try:
         names = os.listdir(layout.store)
@@ -295,8 +299,13 @@ def revisions_in(layout):
     for name in names:
         path = os.path.join(layout.store, name)
         st = os.lstat(path)
-        if _COMMIT.match(name) and stat.S_ISDIR(st.st_mode):
-            out.append((name, st.st_mtime))
+        if not (_COMMIT.match(name) and stat.S_ISDIR(st.st_mode)):
+            continue
+        try:
+            when = os.lstat(os.path.join(path, hub.STATE_DIR, hub.MANIFEST_NAME)).st_mtime
+        except OSError:
+            when = st.st_mtime
+        out.append((name, (bool(hub.read_manifest(path).get("complete")), when)))
     return out
 
 

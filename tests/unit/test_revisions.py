@@ -209,6 +209,9 @@ def test_prune_plan():
     assert revisions.prune_plan(revs, 2, {"a" * 40, "b" * 40, "c" * 40}) == ["d" * 40,
                                                                             "e" * 40]
     assert revisions.prune_plan(revs, 5, set()) == []
+    # a partial fetch (incomplete manifest) goes before any complete folder, however new
+    ranked = [("a" * 40, (True, 1)), ("b" * 40, (False, 5)), ("c" * 40, (True, 3))]
+    assert revisions.prune_plan(ranked, 2, {"c" * 40}) == ["b" * 40]
 
 
 def test_a_folder_a_container_mounts_is_never_pruned(tmp_path):
