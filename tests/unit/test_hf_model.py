@@ -279,4 +279,6 @@ def test_model_fetch_role_async_progress_modes_and_rerun(tmp_path):
     assert "changed=True" in first and "changed=False" in second
     assert "changed=0" in second.split("PLAY RECAP")[1], second
     assert (dest.stat().st_mode & 0o777) == 0o750
+    assert dest.is_symlink()  # to its commit folder, which the role gave the same modes
+    assert ((root / "org/.gpufleet-revisions").stat().st_mode & 0o777) == 0o750
     assert ((dest / "model.safetensors").stat().st_mode & 0o777) == 0o640
