@@ -262,8 +262,8 @@ def mounted_commits(layout, proc="/proc"):
 def _busy(path):
     """A fetch holds this commit folder's lock (hub._Lock)."""
     lock = os.path.join(path, hub.STATE_DIR, "lock")
-    try:
-        fh = open(lock, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+    try:  # read-only, never created: check mode writes nothing
+        fh = open(lock, "rb")  # pylint: disable=consider-using-with
     except OSError:
         return False
     try:

@@ -273,3 +273,17 @@ def test_hostile_links_are_refused(stub, tmp_path, monkeypatch):
     res, failed = fetch(monkeypatch, stub.url, dest, revisions_keep=1)
     assert failed and "revisions_keep" in res["msg"]
     assert not dest.exists()
+
+
+def test_a_folder_a_fetch_is_writing_is_never_pruned(tmp_path):
+    layout = revisions.Layout(str(tmp_path / "models/tiny"))
+    for i, c in enumerate("abc"):
+        os.makedirs(os.path.join(layout.commit_dir(c * 40), ".gpufleet"))
+        os.utime(layout.commit_dir(c * 40), (i, i))
+    held = hub._Lock(layout.commit_dir("a" * 40))  # another fetch writes the oldest
+    try:
+        assert revisions.prune(layout, 2, {"c" * 40}, proc=str(tmp_path / "noproc")) == ["b" * 40]
+    finally:
+        held.release()
+    # released: the same folder is an ordinary candidate again (keep 1: only the served)
+    assert revisions.prune(layout, 1, {"c" * 40}, proc=str(tmp_path / "noproc")) == ["a" * 40]
