@@ -188,7 +188,8 @@ attributes:
     support: full
     details: Lists the files and reports which would be downloaded or hashed; writes nothing.
   diff_mode:
-    support: none
+    support: partial
+    details: The commit O(dest) points at, before and after (not the files).
 author:
   - gpufleet
 """
@@ -388,6 +389,8 @@ def main():
         module.fail_json(msg=str(exc), **partial)
     except OSError as exc:  # dest cannot be made or read: a path, a permission, a full disk
         module.fail_json(msg=f"cannot fetch into dest {p['dest']}: {exc.strerror or exc}")
+    if module._diff:  # pylint: disable=protected-access
+        result["diff"] = revisions.diff(p["dest"], result)
     module.exit_json(**result)
 
 

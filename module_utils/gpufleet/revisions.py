@@ -420,6 +420,15 @@ def sync_revision(client, repo_id, revision, dest, keep=KEEP_MIN, pinned=(),
     return result
 
 
+def diff(dest, result):
+    """Ansible's diff of a sync_revision result: the commit dest points at, before and
+    after (in check mode, would point at)."""
+    switched = result.get("switched") or result.get("previous") != result.get("commit")
+    after = result.get("commit") if switched or result.get("migrated") else result.get("previous")
+    return {"before": {"dest": dest, "commit": result.get("previous")},
+            "after": {"dest": dest, "commit": after}}
+
+
 def _offline(layout, commit, current, keep, pinned, check_mode, proc, extra):
     """Re-point DEST to a complete commit folder (a rollback): no request to the mirror."""
     path = layout.commit_dir(commit)

@@ -287,3 +287,18 @@ def test_a_folder_a_fetch_is_writing_is_never_pruned(tmp_path):
         held.release()
     # released: the same folder is an ordinary candidate again (keep 1: only the served)
     assert revisions.prune(layout, 1, {"c" * 40}, proc=str(tmp_path / "noproc")) == ["a" * 40]
+
+
+def test_diff_names_the_commit_before_and_after(stub, tmp_path, monkeypatch):
+    dest = tmp_path / "tiny"
+    a = {"repo_id": "org/tiny", "dest": str(dest), "endpoint": stub.url, "_ansible_diff": True}
+    res, _ = run_module(hf_model.main, a, monkeypatch)
+    c1 = res["commit"]
+    assert res["diff"]["before"]["commit"] is None and res["diff"]["after"]["commit"] == c1
+    c2 = publish(stub, REV2)
+    res, _ = run_module(hf_model.main, a, monkeypatch, check_mode=True)
+    assert (res["diff"]["before"]["commit"], res["diff"]["after"]["commit"]) == (c1, c2)
+    res, _ = run_module(hf_model.main, a, monkeypatch)
+    assert (res["diff"]["before"]["commit"], res["diff"]["after"]["commit"]) == (c1, c2)
+    res, _ = run_module(hf_model.main, a, monkeypatch)
+    assert res["diff"]["before"] == res["diff"]["after"] and not res["changed"]
