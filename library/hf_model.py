@@ -30,9 +30,22 @@ description:
     (one at a file's final name is moved to quarantine and replaced).
   - With O(lock), the commit and every file's sha256 are checked against the model's lock
     written on the control node, not only against the listing the endpoint serves.
+  - O(dest) is a symbolic link to C(ROOT/.gpufleet-revisions/NAME/COMMIT/), one folder per
+    commit. A new commit is fetched into its own folder, seeded with hard links of the
+    files whose hash the listing keeps from the served commit (only changed bytes are
+    fetched), and O(dest) is switched to it (a new link renamed over it) only once every
+    file verified; a failed or cut fetch leaves O(dest) and the served folder untouched,
+    and the next run resumes it. A folder O(dest) of the layout before (with the
+    manifest of a commit) is moved into its commit folder first.
+  - O(revision) given as a commit whose folder is complete (verified manifest, files
+    unchanged) re-points O(dest) without asking the mirror (a rollback works with the
+    mirror down). With O(verify=full) the mirror is asked as for any fetch.
+  - Refuses a O(dest) that is a symbolic link it did not make, and links where the
+    revision folders are.
   - Writes C(DEST/.gpufleet/manifest.json) (commit, files, sizes, hashes, mtimes,
     verification time; never the token) and, while it runs,
-    C(DEST/.gpufleet/progress.json) (files and bytes done) for callers polling an async task.
+    C(ROOT/.gpufleet-revisions/NAME/progress.json) (files and bytes done) for callers
+    polling an async task.
 options:
   repo_id:
     description: Repo id on the hub, C(org/name).
@@ -153,12 +166,30 @@ options:
       - From 1 to 100000000.
     type: int
     default: 10000
+  revisions_keep:
+    description:
+      - Commit folders kept in C(ROOT/.gpufleet-revisions/NAME/) (ROOT and NAME are the parent
+        and last component of O(dest)); older ones are removed after a new commit is
+        switched to. The served commit, the one served before it (the last good one a
+        rollback goes back to), commits a running container mounts (read from
+        C(/proc/*/mountinfo)), O(revisions_pinned) and a folder another fetch is writing
+        are never removed.
+      - From 2 to 100.
+    type: int
+    default: 2
+  revisions_pinned:
+    description: Commits (40 hex digits) whose folders are never removed, for instance
+      those the last-good record names.
+    type: list
+    elements: str
+    default: []
 attributes:
   check_mode:
     support: full
     details: Lists the files and reports which would be downloaded or hashed; writes nothing.
   diff_mode:
-    support: none
+    support: partial
+    details: The commit O(dest) points at, before and after (not the files).
 author:
   - gpufleet
 """
@@ -239,9 +270,43 @@ removed:
   type: list
   elements: str
 manifest:
-  description: Path of the manifest written in dest.
+  description: Path of the manifest written in the commit folder.
   returned: success
   type: str
+path:
+  description: The commit folder O(dest) points at (in check mode, would point at).
+  returned: success
+  type: str
+  sample: /srv/models/.gpufleet-revisions/Qwen2.5-7B-Instruct/0f3f8b2ac1d5e6b7a8c9d0e1f2a3b4c5d6e7f809
+previous:
+  description: The commit O(dest) pointed at before this run (null when none).
+  returned: success
+  type: str
+switched:
+  description: Whether O(dest) was re-pointed to another commit folder.
+  returned: success
+  type: bool
+migrated:
+  description: The commit of a plain folder O(dest) moved into its commit folder (null when none).
+  returned: success
+  type: str
+linked:
+  description: Files hard-linked from the served commit's folder instead of fetched (in
+    check mode, that would be).
+  returned: success
+  type: list
+  elements: str
+offline:
+  description: Whether O(dest) was re-pointed to a complete commit folder without a request
+    to the mirror.
+  returned: success
+  type: bool
+pruned:
+  description: Commits whose folders were removed beyond O(revisions_keep) (in check mode,
+    would be).
+  returned: success
+  type: list
+  elements: str
 """
 
 import os
@@ -250,7 +315,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet import options
 from ansible.module_utils.gpufleet import hub
 from ansible.module_utils.gpufleet import model_lock
-from ansible.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError, sync_repo
+from ansible.module_utils.gpufleet import revisions
+from ansible.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError
 
 
 def main():
@@ -274,6 +340,8 @@ def main():
             max_api_bytes=dict(type="int", default=hub.MAX_API_BYTES),
             max_listing_entries=dict(type="int", default=hub.MAX_LISTING_ENTRIES),
             lock=dict(type="raw"),
+            revisions_keep=dict(type="int", default=revisions.KEEP_MIN),
+            revisions_pinned=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
@@ -288,6 +356,7 @@ def main():
             "min_rate": options.whole(0, 2 ** 40, "bytes per second"),
             "max_api_bytes": options.whole(1, 2 ** 40, "bytes"),
             "max_listing_entries": options.whole(1, 10 ** 8),
+            "revisions_keep": options.whole(revisions.KEEP_MIN, revisions.KEEP_MAX),
         })
     except options.OptionError as exc:
         module.fail_json(msg=str(exc))
@@ -310,16 +379,18 @@ def main():
                            max_total_retries=p["max_total_retries"], deadline=p["deadline"],
                            min_rate=p["min_rate"], max_api_bytes=p["max_api_bytes"],
                            max_listing_entries=p["max_listing_entries"])
-        result = sync_repo(client, p["repo_id"], p["revision"], p["dest"],
-                           allow_patterns=p["allow_patterns"],
-                           ignore_patterns=p["ignore_patterns"], verify=p["verify"],
-                           max_workers=p["max_workers"], check_mode=module.check_mode,
-                           lock=lock)
+        result = revisions.sync_revision(
+            client, p["repo_id"], p["revision"], p["dest"], keep=p["revisions_keep"],
+            pinned=p["revisions_pinned"], allow_patterns=p["allow_patterns"],
+            ignore_patterns=p["ignore_patterns"], verify=p["verify"],
+            max_workers=p["max_workers"], check_mode=module.check_mode, lock=lock)
     except HubError as exc:
         partial = getattr(exc, "result", {})
         module.fail_json(msg=str(exc), **partial)
     except OSError as exc:  # dest cannot be made or read: a path, a permission, a full disk
         module.fail_json(msg=f"cannot fetch into dest {p['dest']}: {exc.strerror or exc}")
+    if module._diff:  # pylint: disable=protected-access
+        result["diff"] = revisions.diff(p["dest"], result)
     module.exit_json(**result)
 
 

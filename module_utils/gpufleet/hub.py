@@ -735,13 +735,14 @@ def _gib(n):
 # ---------------------------------------------------------------- the fetch
 
 class _Stats:
-    def __init__(self, dest, total_files, total_bytes, write_progress):
+    def __init__(self, dest, total_files, total_bytes, write_progress, progress_path=None):
         self.lock = threading.Lock()
         self.bytes_downloaded = 0
         self.bytes_verified = 0
         self.files_done = 0
         self.total_files, self.total_bytes = total_files, total_bytes
-        self.path = state_path(dest, PROGRESS_NAME) if write_progress else None
+        self.path = ((progress_path or state_path(dest, PROGRESS_NAME)) if write_progress
+                     else None)
         self.last_write = 0.0
 
     def add(self, downloaded=0, verified=0, file_done=False):
@@ -870,10 +871,10 @@ class Fetcher:
         return total
 
     # -- work ------------------------------------------------------------------------
-    def run(self, plan, write_progress=True):
+    def run(self, plan, write_progress=True, progress_path=None):
         total = sum(f.size for f, _ in plan)
         os.makedirs(state_path(self.dest, "incomplete"), exist_ok=True)
-        self.stats = _Stats(self.dest, len(plan), total, write_progress)
+        self.stats = _Stats(self.dest, len(plan), total, write_progress, progress_path)
         results, errors = {}, []
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             futures = {pool.submit(self._one, f, state): f for f, state in plan}
@@ -1053,8 +1054,13 @@ class _Lock:
 
 
 def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patterns=None,
-              verify="manifest", max_workers=8, check_mode=False, lock=None):
+              verify="manifest", max_workers=8, check_mode=False, lock=None, resolved=None,
+              progress_path=None):
     """Make dest hold the verified files of repo_id@revision. Returns a result dict.
+
+    resolved: (commit, listing) already read from the endpoint by the caller
+    (revisions.sync_revision), so they are not asked for twice. progress_path: where the
+    progress file goes (default dest/.gpufleet/progress.json).
 
     lock: the model's lock (model_lock.ModelLock or its dict): the revision must resolve
     to its commit, the selected files must be the lock's (same patterns) with its sha256s,
@@ -1082,9 +1088,12 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise HubError(f"dest {dest} exists and is not a directory.")
 
-    client.start()
-    commit = client.resolve_commit(repo_id, revision)
-    listing = client.list_files(repo_id, commit)
+    if resolved is None:
+        client.start()
+        commit = client.resolve_commit(repo_id, revision)
+        listing = client.list_files(repo_id, commit)
+    else:
+        commit, listing = resolved
     if lock is not None:
         listing = _apply_lock(lock, client, repo_id, commit, listing, allow_patterns,
                               ignore_patterns)
@@ -1121,7 +1130,7 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
     os.makedirs(dest, exist_ok=True)
     lock = _Lock(dest)
     try:
-        outcome, errors = fetcher.run(plan)
+        outcome, errors = fetcher.run(plan, progress_path=progress_path)
         for path in deleted:
             os.unlink(path_under(dest, path, final_may_be_link=True))
         changed = _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan,

@@ -573,7 +573,12 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
     env.update({str(k): str(v) for k, v in (base_env or {}).items()})
     env.update({str(k): str(v) for k, v in (settings.get("env") or {}).items()})
     env.update({str(k): str(v) for k, v in (model.get("env") or {}).items()})
-    mounts = [{"source": model["path"], "target": mount, "type": "bind", "read_only": True}]
+    # The commit folder itself (model_fetch makes the model's path a link to it,
+    # module_utils/gpufleet/revisions.py): a later switch of the link never changes what a
+    # running container reads. The settings hash keeps the path, and the commit
+    # (revision) is in it: a new commit still replaces the container.
+    mounts = [{"source": os.path.realpath(model["path"]), "target": mount, "type": "bind",
+               "read_only": True}]
     cache = cache_dir(cache_root, image_id)
     if cache:
         if CACHE_ENV in env:
@@ -626,7 +631,8 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             spec["api_keys"] = digests
         spec_hash = settings_hash(spec)
         instances.append({
-            "name": name, "model": model["name"], "port": port + number,
+            "name": name, "model": model["name"], "model_path": model["path"],
+            "port": port + number,
             "network_mode": network_mode, "published_ports": published,
             "device_ids": devices, "command": command, "env": env,
             "mounts": mounts, "cache_dir": cache, "auth_file": auth_file,

@@ -420,7 +420,8 @@ def build_record(inputs, image_id, instances, driver_version=""):
         "image_id": str(image_id),
         "driver_version": str(driver_version or ""),
         "inputs": record_inputs,
-        "models": sorted({(i["mounts"][0]["source"], str(i["revision"])) for i in instances
+        "models": sorted({(i.get("model_path") or i["mounts"][0]["source"],
+                           str(i["revision"])) for i in instances
                           if i.get("mounts")}),
         "instances": [{"name": i["name"], "model": i["model"],
                        "settings_hash": i["settings_hash"], "revision": i["revision"],
@@ -483,7 +484,7 @@ def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_cha
         out["vllm_server_models"], out["record_notes"] = models, notes
     out["vllm_server_image_pull"] = "never"
     commits = {path: commit for path, commit in record.get("models", [])}
-    holds = {i["mounts"][0]["source"]: str(i.get("revision"))
+    holds = {i.get("model_path") or i["mounts"][0]["source"]: str(i.get("revision"))
              for i in instances or [] if i.get("mounts")}
     pinned = []
     for entry in model_fetch_models or []:

@@ -585,16 +585,68 @@ def second_revision():
         sh(*git, "reset", "-q", "--hard", first)
 
 
+def model_dirs():
+    """{host: its chat model folder (a link to the commit folder)}: the lab hosts' model
+    roots are bind-mounted at the same path on this machine (playbooks/lab.yml)."""
+    return {h: pathlib.Path(f"/var/lib/gpufleet-lab/{h}/models") / CHAT for h in CHAT_CONTAINERS}
+
+
+def served_state(folder):
+    """The link and what it serves: (link text, {file: (inode, size, mtime)})."""
+    real = pathlib.Path(os.path.realpath(folder))
+    files = {str(p.relative_to(real)): (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns)
+             for p in real.rglob("*") if p.is_file() and ".gpufleet" not in p.parts}
+    return os.readlink(folder), files
+
+
+def _g_fetch_cut_halfway_stops_before_the_drain(first, second):
+    """(g) #31 item 10: the new commit's only new file (the README) is cut half-way by a
+    fault-injecting proxy (tests/hfstub/faultproxy.py, a TEST DOUBLE on loopback) in front
+    of olah, no retry: the rollout stops before any drain with its message, the hosts
+    keep serving the first commit from the folder they served, untouched (the partial
+    fetch stays in the new commit's folder, which case (c) then resumes). The control
+    (main's layout wrote into the served folder) is a unit test:
+    tests/unit/test_revisions.py::test_control_in_place_fetch_cut_halfway_changes_the_served_folder."""
+    from hfstub.faultproxy import FaultProxy
+    before = {h: served_state(d) for h, d in model_dirs().items()}
+    containers = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
+    with FaultProxy("http://127.0.0.1:8091", rate=1.0, kinds=["drop"], only="README.md") as proxy:
+        (rc, out), totals = under_load(GATEWAY, lambda: playbook("playbooks/upgrade.yml", {
+            "vllm_server_models": chat_models(int(containers["lab-h200"]["cmd"][
+                containers["lab-h200"]["cmd"].index("--max-model-len") + 1])),
+            "vllm_server_image": NEXT_IMAGE,  # as case (b)+(e) left it
+            "nvidia_driver_branch": "590",
+            "model_fetch_endpoint": proxy.url,
+            "model_fetch_models": [{"repo_id": CHAT, "revision": second}]},
+            extra={**FAST, "model_fetch_retries": 0, "model_fetch_max_file_attempts": 1}))
+        print(f"\n[g] faults injected: {dict(proxy.injected)}; exit {rc}")
+    assert rc != 0 and proxy.injected["drop"] >= 1, why(out)
+    stop = re.search(r"UPGRADE STOPPED at (\S+), nothing was changed \(it still serves\)[^\n]*", out)
+    assert stop and "README.md" in out and "untouched" in out, why(out)
+    print(f"[g] stop message: {stop.group(0)[:400]}")
+    assert "Fleet upgrade | Drain the host" not in out, why(out)  # no drain began
+    assert totals["failed"] == 0 and totals["sent"] >= 10, totals
+    assert set(chat_servers().values()) == {"UP"}, chat_servers()
+    for host, container in CHAT_CONTAINERS.items():
+        assert inspect(container)["id"] == containers[host]["id"], host
+        labels = json.loads(sh("docker", "inspect", container).stdout)[0]["Config"]["Labels"]
+        assert labels["org.gpufleet.model-commit"] == first, host
+    assert {h: served_state(d) for h, d in model_dirs().items()} == before
+
+
 def test_c_a_model_revision_change_drops_no_request(lab, second_revision):
-    """The hosts fetch the new commit from olah (verified, beside the running server),
-    then the containers are replaced one host at a time."""
+    """(g) first: a fetch of the new commit cut half-way stops the rollout before the
+    drain, nothing changed (_g_fetch_cut_halfway_stops_before_the_drain). Then (c): the
+    hosts fetch the new commit from olah (verified, beside the running server, into its
+    own folder), then the containers are replaced one host at a time."""
     first, second = second_revision
+    _g_fetch_cut_halfway_stops_before_the_drain(first, second)
     # lab-h200 (the canary) keeps the model length it has: its arguments stay as they were
     cmd = inspect(CHAT_CONTAINERS["lab-h200"])["cmd"]
     kept = int(cmd[cmd.index("--max-model-len") + 1])
     before, after, out = _upgraded({
         "vllm_server_models": chat_models(kept), "vllm_server_image": NEXT_IMAGE,
-        "nvidia_driver_branch": "590",  # as case (e) left it
+        "nvidia_driver_branch": "590",  # as case (b)+(e) left it
         "model_fetch_endpoint": "http://127.0.0.1:8091",
         "model_fetch_models": [{"repo_id": CHAT, "revision": second}]})
     for host, container in CHAT_CONTAINERS.items():

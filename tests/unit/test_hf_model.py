@@ -144,7 +144,9 @@ def test_kill_halfway_then_resume_downloads_less(tmp_path, monkeypatch):
     with HubStub([Repo("org/big", files)], throttle_bps=6 << 20) as s:
         a = {"repo_id": "org/big", "dest": str(dest), "endpoint": s.url}
         proc = _ansible(a)
-        incomplete = dest / ".gpufleet" / "incomplete"
+        # a new commit is fetched into its own folder (module_utils/gpufleet/revisions.py)
+        incomplete = (tmp_path / ".gpufleet-revisions" / "m" / s.repos["org/big"].commit
+                      / ".gpufleet" / "incomplete")
         deadline = time.monotonic() + 60
         try:
             while time.monotonic() < deadline:
@@ -277,4 +279,6 @@ def test_model_fetch_role_async_progress_modes_and_rerun(tmp_path):
     assert "changed=True" in first and "changed=False" in second
     assert "changed=0" in second.split("PLAY RECAP")[1], second
     assert (dest.stat().st_mode & 0o777) == 0o750
+    assert dest.is_symlink()  # to its commit folder, which the role gave the same modes
+    assert ((root / "org/.gpufleet-revisions").stat().st_mode & 0o777) == 0o750
     assert ((dest / "model.safetensors").stat().st_mode & 0o777) == 0o640

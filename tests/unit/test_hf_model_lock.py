@@ -113,9 +113,12 @@ def test_code_swap_is_quarantined_and_the_rest_is_not_called_complete(tmp_path, 
     assert (f"modeling_tiny.py: the lock pins sha256 {LOCK['files']['modeling_tiny.py']}, "
             f"the bytes received hash to sha256 {sha256(EVIL_PY)}") in res["msg"]
     assert res["quarantined"][0]["path"] == "modeling_tiny.py"
-    assert (dest / ".gpufleet/quarantine/modeling_tiny.py").read_bytes() == EVIL_PY
-    assert not (dest / "modeling_tiny.py").exists()
-    manifest = hub.read_manifest(str(dest))
+    assert not dest.exists()  # never switched to a commit folder that failed
+    folder = tmp_path / ".gpufleet-revisions/m" / res["commit"]
+    assert res["path"] == str(folder)
+    assert (folder / ".gpufleet/quarantine/modeling_tiny.py").read_bytes() == EVIL_PY
+    assert not (folder / "modeling_tiny.py").exists()
+    manifest = hub.read_manifest(str(folder))
     assert manifest["complete"] is False and "modeling_tiny.py" not in manifest["files"]
     # one request for it: a lock mismatch is not fetched again from the same mirror
     assert len(stub.requests_for("/modeling_tiny.py")) == 1

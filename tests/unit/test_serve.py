@@ -879,3 +879,22 @@ def test_a_warmup_request_that_fails_is_not_ready_not_a_traceback():
     finally:
         mp.undo()
     assert exc.value.stage == "warmup" and "connection reset by peer" in str(exc.value)
+
+
+def test_the_container_binds_the_commit_folder_and_the_hash_keeps_the_path(tmp_path):
+    """A model path that is a link to its commit folder (hf_model, revisions.py): the
+    container binds the commit folder, so switching the link later never changes what it
+    reads; the settings hash and the record's path are the link's, so a link's switch
+    alone (same commit) replaces no container."""
+    store = tmp_path / ".gpufleet-revisions/qwen" / ("a" * 40)
+    store.mkdir(parents=True)
+    (tmp_path / "qwen").symlink_to(f".gpufleet-revisions/qwen/{'a' * 40}")
+    model = {"name": "Qwen/Qwen2.5-7B-Instruct", "path": str(tmp_path / "qwen")}
+    (inst,) = _plan(model, TUNE_TP1)
+    assert inst["mounts"][0]["source"] == str(store)
+    assert inst["model_path"] == str(tmp_path / "qwen")
+    (tmp_path / "qwen").unlink()
+    store.rename(tmp_path / "qwen")  # the same files as a plain folder: the same hash
+    (plain,) = _plan(model, TUNE_TP1)
+    assert plain["settings_hash"] == inst["settings_hash"]
+    assert plain["mounts"][0]["source"] == str(tmp_path / "qwen")
