@@ -305,15 +305,20 @@ def _backend_states(tmp_path, verify="required"):
                             stdout=subprocess.DEVNULL, stderr=(tmp_path / "haproxy.log").open("w"))
     try:
         deadline = time.monotonic() + 20
-        while True:  # until each server's first check has finished (HAProxy starts them UP)
+        # Until each server's first check has finished (HAProxy starts them UP) and its
+        # state follows it: HAProxy records a check's result before it applies the state
+        # change (fall 1), so a read in between shows a failed check on a server still UP
+        # (seen once in a clean-clone CI run: rogue L6RSP and UP).
+        while True:
             try:
                 rows = [r for r in gateway.parse_show_stat(gateway.read_show_stat(str(tmp_path / "admin.sock")))
                         if r["pxname"] == "chat" and r["svname"] not in ("FRONTEND", "BACKEND")]
             except gateway.GatewayError:
                 rows = []
             states = {r["svname"].split("_")[0]: r["status"] for r in rows}
-            checked = [r.get("check_status") for r in rows]
-            if len(rows) == 2 and all(c and not str(c).startswith("INI") for c in checked):
+            checked = [str(r.get("check_status") or "") for r in rows]
+            settled = all(c.endswith("OK") == (r["status"] == "UP") for c, r in zip(checked, rows))
+            if len(rows) == 2 and all(c and not c.startswith("INI") for c in checked) and settled:
                 break
             assert time.monotonic() < deadline, (states, checked, (tmp_path / "haproxy.log").read_text())
             time.sleep(0.2)
