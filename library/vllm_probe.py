@@ -24,13 +24,6 @@ options:
     description: Base URL of the instance (C(http://127.0.0.1:8000)).
     type: str
     required: true
-  ca_file:
-    description:
-      - CA certificate (PEM) that an C(https) O(url)'s certificate must chain to, e.g. the
-        fleet CA's (vllm_gateway_tls_ca_path). Empty means the system's trust store.
-      - Certificates are always verified; there is no option to turn that off.
-    type: path
-    default: ""
   api_key:
     description: The API key of C(/v1); never logged.
     type: str
@@ -104,6 +97,7 @@ options:
     default: 2
 extends_documentation_fragment:
   - gpufleet.read_only
+  - gpufleet.tls_client
 requirements:
   - requests
 """

@@ -25,13 +25,6 @@ options:
     description: Base URL of the server, without a path (C(http://127.0.0.1:8000)).
     type: str
     required: true
-  ca_file:
-    description:
-      - CA certificate (PEM) that an C(https) O(url)'s certificate must chain to, e.g. the
-        fleet CA's (vllm_gateway_tls_ca_path). Empty means the system's trust store.
-      - Certificates are always verified; there is no option to turn that off.
-    type: path
-    default: ""
   api_key:
     description:
       - The server's API key (vLLM C(--api-key) / C(VLLM_API_KEY)), sent as a bearer
@@ -89,6 +82,7 @@ options:
     default: 40
 extends_documentation_fragment:
   - gpufleet.read_only
+  - gpufleet.tls_client
 requirements:
   - requests
   - docker (Python SDK) when O(container) is used

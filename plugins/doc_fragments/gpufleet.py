@@ -4,7 +4,8 @@
 class ModuleDocFragment:
     """gpufleet.read_only: a module that only reads or computes.
     gpufleet.nvidia_repository: the options that locate NVIDIA's repository for a host
-    (hoststack.REPOSITORY_ARGUMENT_SPEC)."""
+    (hoststack.REPOSITORY_ARGUMENT_SPEC).
+    gpufleet.tls_client: the CA file a client of an https instance verifies with."""
 
     DOCUMENTATION = r"""
 options: {}
@@ -19,6 +20,17 @@ attributes:
   diff_mode:
     support: none
     description: Nothing changes, so there is nothing to diff.
+"""
+
+    TLS_CLIENT = r"""
+options:
+  ca_file:
+    description:
+      - CA certificate (PEM) that an C(https) O(url)'s certificate must chain to, e.g. the
+        fleet CA's (vllm_gateway_tls_ca_path). Empty means the system's trust store.
+      - Certificates are always verified; there is no option to turn that off.
+    type: path
+    default: ""
 """
 
     NVIDIA_REPOSITORY = r"""
