@@ -233,6 +233,39 @@ def test_prometheus_scrapes_every_serving_instance(lab):
     assert "SUCCESS: 5 rules found" in rules, rules
 
 
+EMBED_CONTAINER = f"vllm-lab-a100-{EMBED.lower().replace('/', '-')}"
+
+
+def test_the_pooling_instance_serves_embeddings_hardened_with_its_key_in_a_root_file(lab):
+    """lab-a100's all-MiniLM-L6-v2 (the pooling runner, from vllm_tune's plan): vLLM runs it
+    with no capability and no privilege gain, the key is in the keys file it mounts
+    read-only and names with --config (nowhere docker shows), and it answers an embedding
+    of all-MiniLM-L6-v2's 384 dimensions through the gateway with the key. Its replacement
+    is case (a)+(f) (replaced twice, on the whole lab); keeping it, the second site run.
+    (Until CI stop 41 tests/slow/test_vllm_server_pooling.py proved the same on a vLLM of
+    its own, about 3 minutes of the slow lane; its failed replacement brought back is
+    case (d)'s, asserted there.)"""
+    assert lab["rc"] == 0, why(lab["output"])
+    data = json.loads(sh("docker", "inspect", EMBED_CONTAINER).stdout)[0]
+    args = data["Args"]
+    assert args[args.index("--runner") + 1] == "pooling", args
+    assert data["HostConfig"]["CapDrop"] == ["ALL"] and not data["HostConfig"]["CapAdd"], data["HostConfig"]
+    assert "no-new-privileges" in data["HostConfig"]["SecurityOpt"], data["HostConfig"]
+    assert args[-2:] == ["--config", "/run/gpufleet/vllm-auth.yaml"], args
+    mount, = [m for m in data["Mounts"] if m["Destination"] == "/run/gpufleet/vllm-auth.yaml"]
+    assert not mount["RW"], mount
+    assert key() in host_sh("lab-a100", f"cat {mount['Source']}")
+    assert host_sh("lab-a100", f"stat -c '%a %U' {mount['Source']}").split() == ["600", "root"]
+    assert key() not in json.dumps(data)
+    req = urllib.request.Request(
+        "http://127.0.0.1:19100/v1/embeddings", method="POST",
+        data=json.dumps({"model": EMBED, "input": "The capital of France is Paris."}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key()}"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 200
+        assert len(json.load(resp)["data"][0]["embedding"]) == 384
+
+
 def test_the_summary_waits_for_prometheus_to_list_every_instance(lab):
     """Right after Prometheus (re)starts it has not read its file_sd yet: the summary waits
     until it lists every instance of the fleet's list. (Control, run by hand on 2026-12-06:
@@ -522,6 +555,11 @@ def test_d_bad_args_on_the_canary_roll_back_by_themselves(lab):
         extra=FAST))
     assert rc != 0
     assert "UPGRADE STOPPED at lab-h200" in out and "rolled back to its last good state" in out, why(out)
+    # vllm_server's own rescue first: the parked container is brought back and serves
+    # (roles/vllm_server/tasks/instance.yml), with the cause in its message
+    replaced = out[out.index(f"{CHAT_CONTAINERS['lab-h200']} was not replaced"):][:6000]
+    assert "no-such-tokenizer" in replaced, why(out)
+    assert "The previous container serves again." in out, why(out)
     assert "ROLLBACK FAILED" not in out and "nothing was changed" not in out, why(out)
     # The stop message names the failed instance and what it said, not Ansible's summary
     # of a loop ("One or more items failed"), which hid the figures (CI stop 18).

@@ -8,7 +8,8 @@ the role creates through the host's Docker engine. The scenario converges, re-co
 with their cause while the serving container keeps running.
 
 This test adds what Molecule cannot check itself: the API key appears nowhere in the
-whole output of all those runs. Containers are named vllmsrv-molecule-*; Molecule's
+whole output of all those runs, at -vvv (ANSIBLE_VERBOSITY=3: every module's arguments
+and results but those of no_log tasks). Containers are named vllmsrv-molecule-*; Molecule's
 destroy step and the final cleanup here remove them.
 """
 import os
@@ -49,6 +50,7 @@ def _cleanup():
 def test_molecule_scenario_passes_and_never_shows_the_key(requirements):
     key = "vllmsrv-" + secrets.token_hex(12)
     env = dict(os.environ, VLLMSRV_API_KEY=key, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+               ANSIBLE_VERBOSITY="3",
                PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
                ANSIBLE_NOCOLOR="1", PY_COLORS="0")
     try:
@@ -64,3 +66,4 @@ def test_molecule_scenario_passes_and_never_shows_the_key(requirements):
     for case in ("missing weights", "unknown flag", "busy port"):
         assert case in output
     assert key not in output
+    assert "ESTABLISH" in output, "not run at -vvv (no connection lines)"

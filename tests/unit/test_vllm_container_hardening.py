@@ -1,6 +1,8 @@
 """The vLLM container keeps no Linux capability and gains no privilege
-(roles/vllm_server/tasks/instance.yml); tests/slow/test_vllm_server_pooling.py checks
-the running container and that vLLM CPU serves that way."""
+(roles/vllm_server/tasks/instance.yml); the lab's
+test_the_pooling_instance_serves_embeddings_hardened_with_its_key_in_a_root_file
+(tests/slow/test_upgrade_under_load.py) checks the running container and that vLLM CPU
+serves that way."""
 import yaml
 
 from conftest import ROOT
