@@ -15,6 +15,7 @@ back to its last-good record, re-enables it and stops the rollout.
 from __future__ import annotations
 
 import math
+import re
 import time
 
 from . import bounded
@@ -25,9 +26,12 @@ __all__ = [
     "METRICS_MAX_BYTES", "METRICS_TIMEOUT", "PROBE_MAX_BYTES", "RECORD_INPUTS",
     "RECORD_VERSION", "UpgradeError", "build_record", "capacity_verdict", "driver_change",
     "idle_counts", "parse_metrics", "percentile", "plan_batches", "probe_summary",
-    "probe_verdict", "read_metrics", "record_problem", "rollback_vars",
+    "probe_verdict", "read_metrics", "record_commits", "record_problem", "rollback_vars",
     "run_probe", "soak_verdict", "stop_message", "wait_idle",
 ]
+
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 class UpgradeError(ValueError):
@@ -426,6 +430,20 @@ def record_problem(record, image_present, path=""):
                 "pull/load, then check its id), or run site.yml to deploy and record the current "
                 "state, or set fleet_upgrade_allow_downtime: true to change it without a way back")
     return ""
+
+
+def record_commits(record):
+    """The model commits a last-good record names (its `models`: [folder, commit]): what a
+    rollback goes back to, so model_fetch pins them (hf_model revisions_pinned) and a
+    prune never removes one. Only 40-hex commits (a `local-...` folder has no commit
+    folder); sorted, once each. An empty or unreadable record names none."""
+    models = record.get("models") if isinstance(record, dict) else None
+    out = set()
+    for item in models if isinstance(models, list) else []:
+        if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[1], str) \
+                and _COMMIT.match(item[1]):
+            out.add(item[1])
+    return sorted(out)
 
 
 def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_changed=False,

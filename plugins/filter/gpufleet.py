@@ -237,6 +237,7 @@ class FilterModule:
             "gpufleet_lost_report": _wrap(rollout.lost_report),
             "gpufleet_build_record": _wrap(upgrade.build_record),
             "gpufleet_rollback_vars": _wrap(upgrade.rollback_vars),
+            "gpufleet_record_commits": _wrap(upgrade.record_commits),
             "gpufleet_local_url": serve.local_url,
             "gpufleet_target": serve.target,
             "gpufleet_stale_cache_dirs": serve.stale_cache_dirs,
