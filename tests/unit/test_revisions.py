@@ -305,7 +305,7 @@ def test_diff_names_the_commit_before_and_after(stub, tmp_path, monkeypatch):
 
 
 # --- #31 item 6 leftovers: the last-good record's commits pinned; patterns re-checked offline
-def _role_pins(record):
+def _role_pins(record, inventory_pins=None):
     """model_fetch_revisions_pinned as fleet_upgrade's gates.yml renders it from the record
     it read, and the revisions_pinned model_fetch's fetch.yml then gives hf_model."""
     import jinja2
@@ -315,12 +315,17 @@ def _role_pins(record):
     root = pathlib.Path(__file__).resolve().parents[2]
     gates = yaml.safe_load((root / "roles/fleet_upgrade/tasks/gates.yml").read_text())
     tasks = [t for item in gates for t in item.get("block", [item])]
-    include = next(t for t in tasks if t.get("name") == "Fleet upgrade | Fetch and verify the models")
+    named = {t.get("name"): t for t in tasks}
+    include = named["Fleet upgrade | Fetch and verify the models"]
+    assert include["vars"]["model_fetch_revisions_pinned"] == "{{ __fleet_upgrade_pinned }}"
+    pin = named["Fleet upgrade | Pin the recorded commits beside the inventory's"]
     fetch_yml = yaml.safe_load((root / "roles/model_fetch/tasks/fetch.yml").read_text())
     env = jinja2.Environment()
     env.filters["gpufleet_record_commits"] = upgrade.record_commits
-    pins = env.compile_expression(include["vars"]["model_fetch_revisions_pinned"]
-                                  .strip("{} "))(__fleet_upgrade_pins={"record": record})
+    expr = pin["ansible.builtin.set_fact"]["__fleet_upgrade_pinned"].strip()
+    assert expr.startswith("{{") and expr.endswith("}}")
+    pins = env.compile_expression(expr[2:-2])(__fleet_upgrade_pins={"record": record},
+                                              model_fetch_revisions_pinned=inventory_pins or [])
     passed = fetch_yml[0]["hf_model"]["revisions_pinned"]
     assert passed == "{{ model_fetch_revisions_pinned }}", passed
     return pins
@@ -346,6 +351,7 @@ def test_the_last_good_records_commit_survives_the_pruning_of_an_upgrade(stub, t
     publish(stub, REV2)
     assert not fetch(monkeypatch, stub.url, dest)[1]
     publish(stub, REV3)
+    assert _role_pins({"version": 2, "models": [[str(dest), c1]]}, ["e" * 40]) == ["e" * 40, c1]
     pins = _role_pins({"version": 2, "models": [[str(dest), c1]]})
     assert pins == [c1]
     res, failed = fetch(monkeypatch, stub.url, dest, revisions_pinned=pins)
