@@ -19,7 +19,8 @@ upgrade.read_metrics and vllm_bench's open_capped read at most 16 MiB.
 """
 from __future__ import annotations
 
-__all__ = ["LIBRARY", "LIBRARY_HINT", "MetricsError", "import_error", "parse_metrics"]
+__all__ = ["LIBRARY", "LIBRARY_HINT", "MetricsError", "import_error", "parse_metrics",
+           "samples"]
 
 LIBRARY = "prometheus-client"
 LIBRARY_HINT = ("(Debian/Ubuntu: python3-prometheus-client; RHEL/Fedora: "
@@ -42,6 +43,26 @@ def import_error():
     return None
 
 
+def samples(text):
+    """[{"name", "labels", "value"}] of every sample of a Prometheus text exposition, in
+    page order (the filter gpufleet_metric_samples: Molecule's verify steps read the
+    gateway's and vLLM's /metrics with it). A page that is not Prometheus text raises
+    MetricsError; ImportError when prometheus-client is missing."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = []
+    try:
+        for family in text_string_to_metric_families(text or ""):
+            out.extend({"name": s.name, "labels": dict(s.labels), "value": float(s.value)}
+                       for s in family.samples)
+    except ValueError as exc:
+        why = str(exc)
+        if len(why) > _QUOTE:
+            why = why[:_QUOTE] + "..."
+        raise MetricsError(f"not Prometheus text: {why}") from None
+    return out
+
+
 def parse_metrics(text):
     """{sample name: sum of its series' values} from a Prometheus text exposition.
 
@@ -50,16 +71,7 @@ def parse_metrics(text):
     Prometheus text raises MetricsError (no line is skipped silently: a smaller sum would
     read as a wrong count); ImportError when prometheus-client is missing.
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
     out = {}
-    try:
-        for family in text_string_to_metric_families(text or ""):
-            for sample in family.samples:
-                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
-    except ValueError as exc:
-        why = str(exc)
-        if len(why) > _QUOTE:
-            why = why[:_QUOTE] + "..."
-        raise MetricsError(f"not Prometheus text: {why}") from None
+    for sample in samples(text):
+        out[sample["name"]] = out.get(sample["name"], 0.0) + sample["value"]
     return out

@@ -12,6 +12,7 @@ OLD_PATTERNS; test_the_old_patterns_misread_these_pages shows which of these cas
 gets wrong (the figures are in the test).
 """
 import math
+import pathlib
 import re
 import sys
 
@@ -181,3 +182,29 @@ def test_vllm_bench_says_why_a_page_is_not_counted(monkeypatch):
     count, why = vllm_bench.read_preemptions("127.0.0.1", 9)
     assert count is None
     assert why.startswith("http://127.0.0.1:9/metrics could not be read: not Prometheus text")
+
+
+def test_samples_and_the_filter_molecule_verifies_with():
+    """gpufleet_metric_samples (Molecule's verify of the gateway's and vLLM's /metrics):
+    each sample with its labels; a page with only HELP lines naming the metrics has no
+    sample (the substring check it replaced said yes); an HTML page fails the task."""
+    import importlib.util
+
+    from ansible.errors import AnsibleFilterError
+    path = pathlib.Path(__file__).resolve().parents[2] / "plugins/filter/gpufleet.py"
+    spec = importlib.util.spec_from_file_location("gpufleet_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    metric_samples = module.FilterModule().filters()["gpufleet_metric_samples"]
+    page = ('haproxy_server_status{proxy="vllm_a",server="gpu-a_28101",state="UP"} 1\n'
+            'haproxy_backend_active_servers{proxy="vllm_a"} 2\n'
+            f'{RUNNING}{{model_name="a {{b}}"}} 0.0\n')
+    assert metric_samples(page) == [
+        {"name": "haproxy_server_status", "value": 1.0,
+         "labels": {"proxy": "vllm_a", "server": "gpu-a_28101", "state": "UP"}},
+        {"name": "haproxy_backend_active_servers", "labels": {"proxy": "vllm_a"}, "value": 2.0},
+        {"name": RUNNING, "labels": {"model_name": "a {b}"}, "value": 0.0}]
+    help_only = f"# HELP {RUNNING} x\n# HELP vllm:kv_cache_usage_perc y\n"
+    assert RUNNING in help_only and metric_samples(help_only) == []
+    with pytest.raises(AnsibleFilterError, match="not Prometheus text"):
+        metric_samples("<html>bad gateway</html>\n")
