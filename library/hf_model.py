@@ -301,6 +301,15 @@ offline:
     to the mirror.
   returned: success
   type: bool
+offline_refused:
+  description:
+    - Why the complete folder of the asked commit was not re-pointed to offline, because
+      today's O(allow_patterns) and O(ignore_patterns) select a file of that commit the
+      folder lacks, or the folder keeps no file list to check them against.
+    - The commit was then fetched from the mirror. Without the mirror the fetch fails
+      with this text.
+  returned: when the folder was refused
+  type: str
 pruned:
   description: Commits whose folders were removed beyond O(revisions_keep) (in check mode,
     would be).
@@ -389,6 +398,8 @@ def main():
         module.fail_json(msg=str(exc), **partial)
     except OSError as exc:  # dest cannot be made or read: a path, a permission, a full disk
         module.fail_json(msg=f"cannot fetch into dest {p['dest']}: {exc.strerror or exc}")
+    if result.get("offline_refused"):
+        module.warn(result["offline_refused"])
     if module._diff:  # pylint: disable=protected-access
         result["diff"] = revisions.diff(p["dest"], result)
     module.exit_json(**result)

@@ -131,6 +131,8 @@ extends_documentation_fragment:
   - gpufleet.read_only
 requirements:
   - docker (Python SDK)
+  - prometheus-client, to read vLLM's preemption counter (Debian/Ubuntu
+    python3-prometheus-client; the vllm_server role installs it on the host)
   - nvidia-ml-py or nvidia-smi on the host, for GPU sampling (optional)
 """
 
@@ -220,7 +222,7 @@ import time
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gpufleet import options
+from ansible.module_utils.gpufleet import options, prometheus_text
 from ansible.module_utils.gpufleet.bench import (PREEMPTION_METRIC, PRESETS, BenchError,
                                                  bench_env, bench_plan, bench_serve_command,
                                                  failed_point, goodput_flags,
@@ -480,7 +482,10 @@ def read_preemptions(address, port, api_key=""):
         body = open_capped(opener, url, METRICS_MAX_BYTES, METRICS_TIMEOUT, what=url)
     except (OSError, BoundError, ValueError) as exc:
         return None, f"{url} could not be read: {exc}"
-    count = preemptions_from_metrics(body.decode("utf-8", "replace"))
+    try:
+        count = preemptions_from_metrics(body.decode("utf-8", "replace"))
+    except prometheus_text.MetricsError as exc:
+        return None, f"{url} could not be read: {exc}"
     if count is None:
         return None, f"{url} has no {PREEMPTION_METRIC}"
     return count, None
@@ -554,6 +559,10 @@ def main():
         module.fail_json(msg=str(exc))
     if not HAS_DOCKER:
         module.fail_json(msg=missing_required_lib("docker") + " (Debian/Ubuntu: python3-docker)")
+    missing = prometheus_text.import_error()
+    if missing:
+        module.fail_json(msg=f"{missing_required_lib(prometheus_text.LIBRARY)} "
+                             f"{prometheus_text.LIBRARY_HINT}", exception=missing)
     try:
         client = docker.from_env()
     except docker_errors.DockerException as exc:

@@ -100,6 +100,8 @@ extends_documentation_fragment:
   - gpufleet.tls_client
 requirements:
   - requests
+  - prometheus-client, for O(wait_idle) (Debian/Ubuntu python3-prometheus-client; the
+    vllm_server role installs it on the host)
 """
 
 EXAMPLES = r"""
@@ -144,7 +146,7 @@ verdict:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gpufleet import options, tls
+from ansible.module_utils.gpufleet import options, prometheus_text, tls
 from ansible.module_utils.gpufleet.upgrade import (
     UpgradeError, probe_gate, run_probe, wait_idle)
 
@@ -235,6 +237,11 @@ def main():
     if not HAS_REQUESTS:
         module.fail_json(msg=missing_required_lib("requests"))
     p = module.params
+    # The idle wait reads /metrics with prometheus-client; checked before the first poll.
+    missing = prometheus_text.import_error() if p["wait_idle"] else None
+    if missing:
+        module.fail_json(msg=f"{missing_required_lib(prometheus_text.LIBRARY)} "
+                             f"{prometheus_text.LIBRARY_HINT}", exception=missing)
     failed, result = run(p, _session(module))
     if failed:
         module.fail_json(**result)

@@ -101,7 +101,7 @@ import re
 import warnings
 
 from . import grammar
-from .upgrade import parse_metrics
+from .prometheus_text import parse_metrics
 
 __all__ = [
     "BenchError",
@@ -362,7 +362,7 @@ def _offered(concurrency, rate, mean_e2el_ms):
 
 def preemptions_from_metrics(text):
     """The count of preempted requests in a Prometheus /metrics page: the sum of
-    PREEMPTION_METRIC over its series (upgrade.parse_metrics, the one reader of that
+    PREEMPTION_METRIC over its series (prometheus_text.parse_metrics, the one reader of that
     format), None when the page has none."""
     return parse_metrics(text).get(PREEMPTION_METRIC)
 

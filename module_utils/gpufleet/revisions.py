@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -30,6 +31,9 @@ from . import model_lock
 
 STORE = ".gpufleet-revisions"
 PROGRESS = "progress.json"
+# In a commit folder's state folder: every path of the commit's listing, written once the
+# fetch verified (so an offline rollback can check what today's patterns select).
+SELECTION = "listing.json"
 KEEP_MIN, KEEP_MAX = 2, 100
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
@@ -225,6 +229,40 @@ def offline_ready(layout, commit, repo_id, lock=None):
     return data
 
 
+class _Path:
+    def __init__(self, path):
+        self.path = path
+
+
+def write_listing(path, listing):
+    """Keep every path of the commit's listing beside its verified folder."""
+    hub._write_json_atomic(hub.state_path(path, SELECTION),
+                           {"paths": sorted(f.path for f in listing)})
+
+
+def selection_problem(path, manifest, allow_patterns=None, ignore_patterns=None):
+    """None when the folder holds every file today's patterns select from its commit's
+    listing (kept by write_listing); else why an offline rollback cannot use it. Files it
+    holds beyond them stay, as an online fetch with narrower patterns leaves them (hub's
+    leftovers: verified files of an earlier run with other patterns are kept)."""
+    data = hub.read_manifest(path) if manifest is None else manifest
+    try:
+        with open(hub.state_path(path, SELECTION), encoding="utf-8") as fh:
+            paths = json.load(fh)["paths"]
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise ValueError("not a list of paths")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ("its folder does not keep the commit's file list (fetched before gpufleet "
+                "kept one), so allow_patterns/ignore_patterns cannot be checked offline")
+    selected = {f.path for f in hub.filter_files([_Path(p) for p in paths], allow_patterns,
+                                                 ignore_patterns)}
+    lacks = sorted(selected - set(data.get("files") or {}))
+    if not lacks:
+        return None
+    return ("allow_patterns/ignore_patterns changed since it was fetched: they select "
+            f"{len(lacks)} file(s) it lacks ({', '.join(lacks[:3])})")
+
+
 def mounted_commits(layout, proc="/proc"):
     """Commits whose folder a mount namespace on the host binds (a running container),
     read from /proc/*/mountinfo: the mount's root names the commit folder."""
@@ -353,10 +391,29 @@ def sync_revision(client, repo_id, revision, dest, keep=KEEP_MIN, pinned=(),
              "offline": False, "pruned": []}
 
     if (verify == "manifest" and kind == "link" and _COMMIT.match(revision or "")
-            and revision != current and offline_ready(layout, revision, repo_id, lock)):
-        return _offline(layout, revision, current, keep, pinned, check_mode, proc,
-                        dict(extra, locked=lock is not None))
+            and revision != current):
+        manifest = offline_ready(layout, revision, repo_id, lock)
+        why = manifest and selection_problem(layout.commit_dir(revision), manifest,
+                                             fetch.get("allow_patterns"),
+                                             fetch.get("ignore_patterns"))
+        if manifest and not why:
+            return _offline(layout, revision, current, keep, pinned, check_mode, proc,
+                            dict(extra, locked=lock is not None))
+        if why:  # fetched again from the mirror (the folder resumes what it holds)
+            extra["offline_refused"] = (f"{revision}'s folder was not used offline: {why}; "
+                                        "fetching it from the mirror.")
+    try:
+        return _online(client, repo_id, revision, layout, kind, current, keep, pinned,
+                       check_mode, lock, verify, proc, extra, fetch)
+    except hub.HubError as exc:
+        if extra.get("offline_refused"):
+            exc.args = (f"{extra['offline_refused']} {exc}",)
+        raise
 
+
+def _online(client, repo_id, revision, layout, kind, current, keep, pinned, check_mode,
+            lock, verify, proc, extra, fetch):
+    """sync_revision's fetch from the mirror (its docstring)."""
     client.start()
     commit = client.resolve_commit(repo_id, revision)
     listing = client.list_files(repo_id, commit)
@@ -374,6 +431,8 @@ def sync_revision(client, repo_id, revision, dest, keep=KEEP_MIN, pinned=(),
     if same:
         result = hub.sync_repo(client, repo_id, revision, new_dir, check_mode=check_mode,
                                progress_path=None if check_mode else layout.progress, **kw)
+        if not check_mode:
+            write_listing(new_dir, listing)
         result.update(extra, path=new_dir, pruned=prune(
             layout, keep, {commit} | pinned, check_mode, proc) if kind == "link" else [])
         result["changed"] = bool(result["changed"] or extra["migrated"] or result["pruned"])
@@ -413,6 +472,7 @@ def sync_revision(client, repo_id, revision, dest, keep=KEEP_MIN, pinned=(),
                     f"{served_now}, untouched; the next run resumes it.",)
         exc.result = {**getattr(exc, "result", {}), **extra, "path": new_dir}
         raise
+    write_listing(new_dir, listing)
     flip(layout, commit)
     extra["switched"] = True
     result.update(extra, path=new_dir, changed=True,

@@ -19,15 +19,19 @@ import re
 import time
 
 from . import bounded
+from .prometheus_text import parse_metrics
 from .redact import redact_models, restore_models
 
 __all__ = [
     "METRICS_MAX_BYTES", "METRICS_TIMEOUT", "PROBE_MAX_BYTES", "RECORD_INPUTS",
     "RECORD_VERSION", "UpgradeError", "build_record", "capacity_verdict", "driver_change",
     "idle_counts", "parse_metrics", "percentile", "plan_batches", "probe_summary",
-    "probe_verdict", "read_metrics", "record_problem", "rollback_vars", "run_probe",
-    "soak_verdict", "stop_message", "wait_idle",
+    "probe_verdict", "read_metrics", "record_commits", "record_problem", "rollback_vars",
+    "run_probe", "soak_verdict", "stop_message", "wait_idle",
 ]
+
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 class UpgradeError(ValueError):
@@ -139,28 +143,6 @@ def capacity_verdict(servers, host, allow_downtime=False, knee_rps=None, load_rp
 
 
 # ----------------------------------------------------------------- vLLM metrics
-# name, then optional {labels} whose quoted values may hold '}' or escaped quotes, then
-# the value (an optional timestamp follows)
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
-
-
-def parse_metrics(text):
-    """{metric name: sum of its samples} from a Prometheus text exposition."""
-    out = {}
-    for line in (text or "").splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        out[match.group(1)] = out.get(match.group(1), 0.0) + value
-    return out
-
-
 def idle_counts(metrics):
     """(running, waiting) requests from vLLM's gauges (None when the server has none)."""
     if "vllm:num_requests_running" not in metrics:
@@ -210,7 +192,9 @@ def wait_idle(session, base_url, timeout=120, interval=1, clock=time.monotonic,
                         "waiting": 0}
             else:
                 last = f"{counts[0]} running, {counts[1]} waiting"
-        except Exception as exc:  # noqa: BLE001 - any transport error: retry until timeout
+        except ImportError:
+            raise  # prometheus-client missing: the module says what to install
+        except Exception as exc:  # noqa: BLE001 - any transport or page error: retry until timeout
             last = f"{type(exc).__name__}: {exc}"
         if clock() - start + interval > timeout:
             raise UpgradeError(f"{base_url} did not become idle within {timeout}s (last: {last})")
@@ -446,6 +430,20 @@ def record_problem(record, image_present, path=""):
                 "pull/load, then check its id), or run site.yml to deploy and record the current "
                 "state, or set fleet_upgrade_allow_downtime: true to change it without a way back")
     return ""
+
+
+def record_commits(record):
+    """The model commits a last-good record names (its `models`: [folder, commit]): what a
+    rollback goes back to, so model_fetch pins them (hf_model revisions_pinned) and a
+    prune never removes one. Only 40-hex commits (a `local-...` folder has no commit
+    folder); sorted, once each. An empty or unreadable record names none."""
+    models = record.get("models") if isinstance(record, dict) else None
+    out = set()
+    for item in models if isinstance(models, list) else []:
+        if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[1], str) \
+                and _COMMIT.match(item[1]):
+            out.add(item[1])
+    return sorted(out)
 
 
 def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_changed=False,

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from gpufleet import rollout, serve, tune, upgrade  # noqa: E402  (the repository's module_utils)
+from gpufleet import prometheus_text, rollout, serve, tune, upgrade  # noqa: E402  (the repository's module_utils)
 
 
 def _wrap(func):
@@ -26,6 +26,15 @@ def _wrap(func):
     call.__name__ = func.__name__
     call.__doc__ = func.__doc__
     return call
+
+
+def metric_samples(text):
+    """Every sample of a Prometheus text page (prometheus_text.samples, prometheus-client's
+    parser): [{name, labels, value}]; a page that is not Prometheus text fails the task."""
+    try:
+        return prometheus_text.samples(text)
+    except prometheus_text.MetricsError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 def bad_repo_ids(repo_ids):
@@ -237,6 +246,8 @@ class FilterModule:
             "gpufleet_lost_report": _wrap(rollout.lost_report),
             "gpufleet_build_record": _wrap(upgrade.build_record),
             "gpufleet_rollback_vars": _wrap(upgrade.rollback_vars),
+            "gpufleet_record_commits": _wrap(upgrade.record_commits),
+            "gpufleet_metric_samples": metric_samples,
             "gpufleet_local_url": serve.local_url,
             "gpufleet_target": serve.target,
             "gpufleet_stale_cache_dirs": serve.stale_cache_dirs,

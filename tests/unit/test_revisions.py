@@ -302,3 +302,101 @@ def test_diff_names_the_commit_before_and_after(stub, tmp_path, monkeypatch):
     assert (res["diff"]["before"]["commit"], res["diff"]["after"]["commit"]) == (c1, c2)
     res, _ = run_module(hf_model.main, a, monkeypatch)
     assert res["diff"]["before"] == res["diff"]["after"] and not res["changed"]
+
+
+# --- #31 item 6 leftovers: the last-good record's commits pinned; patterns re-checked offline
+def _role_pins(record, inventory_pins=None):
+    """model_fetch_revisions_pinned as fleet_upgrade's gates.yml renders it from the record
+    it read, and the revisions_pinned model_fetch's fetch.yml then gives hf_model."""
+    import jinja2
+    import yaml
+
+    from gpufleet import upgrade
+    root = pathlib.Path(__file__).resolve().parents[2]
+    gates = yaml.safe_load((root / "roles/fleet_upgrade/tasks/gates.yml").read_text())
+    tasks = [t for item in gates for t in item.get("block", [item])]
+    named = {t.get("name"): t for t in tasks}
+    include = named["Fleet upgrade | Fetch and verify the models"]
+    assert include["vars"]["model_fetch_revisions_pinned"] == "{{ __fleet_upgrade_pinned }}"
+    pin = named["Fleet upgrade | Pin the recorded commits beside the inventory's"]
+    fetch_yml = yaml.safe_load((root / "roles/model_fetch/tasks/fetch.yml").read_text())
+    env = jinja2.Environment()
+    env.filters["gpufleet_record_commits"] = upgrade.record_commits
+    expr = pin["ansible.builtin.set_fact"]["__fleet_upgrade_pinned"].strip()
+    assert expr.startswith("{{") and expr.endswith("}}")
+    pins = env.compile_expression(expr[2:-2])(__fleet_upgrade_pins={"record": record},
+                                              model_fetch_revisions_pinned=inventory_pins or [])
+    passed = fetch_yml[0]["hf_model"]["revisions_pinned"]
+    assert passed == "{{ model_fetch_revisions_pinned }}", passed
+    return pins
+
+
+def test_record_commits_names_only_the_recorded_40_hex_commits():
+    from gpufleet import upgrade
+    c = "c" * 40
+    record = {"models": [["/srv/models/a", c], ["/srv/models/b", c], ["/srv/models/x", "local-1f"],
+                         ["/srv/models/y"], "junk", ["/srv/models/z", "a" * 40]]}
+    assert upgrade.record_commits(record) == ["a" * 40, c]
+    assert upgrade.record_commits({}) == upgrade.record_commits(None) == []
+    assert upgrade.record_commits({"models": "x"}) == []
+
+
+def test_the_last_good_records_commit_survives_the_pruning_of_an_upgrade(stub, tmp_path,
+                                                                        monkeypatch):
+    """c1 is recorded good; c2 was fetched and served since (a site.yml run that never
+    passed its gates, say), and the upgrade now fetches c3: the pruning keeps c3 and c2
+    (served and previous) and, fed from the record through the roles, c1 too."""
+    dest = tmp_path / "tiny"
+    c1 = fetch(monkeypatch, stub.url, dest)[0]["commit"]
+    publish(stub, REV2)
+    assert not fetch(monkeypatch, stub.url, dest)[1]
+    publish(stub, REV3)
+    assert _role_pins({"version": 2, "models": [[str(dest), c1]]}, ["e" * 40]) == ["e" * 40, c1]
+    pins = _role_pins({"version": 2, "models": [[str(dest), c1]]})
+    assert pins == [c1]
+    res, failed = fetch(monkeypatch, stub.url, dest, revisions_pinned=pins)
+    assert not failed, res
+    assert res["pruned"] == [] and (tmp_path / ".gpufleet-revisions/tiny" / c1).is_dir()
+    # what the same fetch does without the pin: the rollback target goes
+    publish(stub, REV1 | {"config.json": b'{"n": 5}'})
+    res, failed = fetch(monkeypatch, stub.url, dest)
+    assert not failed and c1 in res["pruned"]
+
+
+def test_offline_rollback_rechecks_the_patterns(tmp_path, monkeypatch):
+    """c1 and c3 were fetched without tokenizer.json (ignore_patterns); the inventory now
+    wants it. A rollback does not re-point to a folder that lacks it: it fetches the commit
+    again (the mirror up), or fails with the reason (the mirror down), the link unmoved."""
+    dest = tmp_path / "tiny"
+    store = tmp_path / ".gpufleet-revisions/tiny"
+    narrow = {"ignore_patterns": ["tokenizer.json"]}
+    with HubStub([Repo("org/tiny", REV1)], lfs_redirect=False) as s:
+        c1 = fetch(monkeypatch, s.url, dest, **narrow)[0]["commit"]
+        publish(s, REV3)
+        c3 = fetch(monkeypatch, s.url, dest, **narrow)[0]["commit"]
+        assert publish(s, REV1) == c1  # the stub serves one commit: c1's again
+        res, failed = fetch(monkeypatch, s.url, dest, revision=c1)
+        assert not failed, res
+        assert (res["offline"], res["switched"]) == (False, True)
+        assert res["offline_refused"] == (
+            f"{c1}'s folder was not used offline: allow_patterns/ignore_patterns changed "
+            "since it was fetched: they select 1 file(s) it lacks (tokenizer.json); fetching "
+            "it from the mirror.")
+        assert os.readlink(dest).endswith(c1) and (dest / "tokenizer.json").is_file()
+        url = s.url
+    # the mirror is down from here
+    res, failed = fetch(monkeypatch, url, dest, revision=c3)
+    assert failed and os.readlink(dest).endswith(c1)
+    assert f"{c3}'s folder was not used offline" in res["msg"]
+    assert "1 file(s) it lacks (tokenizer.json)" in res["msg"]
+    # the patterns it was fetched with: offline
+    res, failed = fetch(monkeypatch, url, dest, revision=c3, **narrow)
+    assert not failed and res["offline"] and os.readlink(dest).endswith(c3)
+    # a folder holding more than the patterns select: offline (as a fetch would leave it)
+    res, failed = fetch(monkeypatch, url, dest, revision=c1, **narrow)
+    assert not failed and res["offline"] and os.readlink(dest).endswith(c1)
+    # a folder that keeps no file list (fetched before gpufleet kept one) is not trusted
+    (store / c3 / ".gpufleet" / revisions.SELECTION).unlink()
+    res, failed = fetch(monkeypatch, url, dest, revision=c3, **narrow)
+    assert failed and "keep the commit's file list" in res["msg"]
+    assert os.readlink(dest).endswith(c1)
