@@ -76,11 +76,14 @@ lint_log="$ROOT/.cache/test-logs/ansible-lint.log"
 mkdir -p "$(dirname "$lint_log")"
 ansible-lint --offline --profile production -q > "$lint_log" 2>&1 &
 lint_pid=$!
-stage "pytest: unit tests (two workers)"
-# Two pytest-xdist workers: ansible-lint holds one core for about a minute, then both work
-# for the unit tests (one worker took 3 min 28 s at CI stop 36; two, 1 min 51 s alone).
+stage "pytest: unit tests (four workers)"
+# Four pytest-xdist workers on the two cores: many unit tests wait (role runs, a real
+# HAProxy's checks, deadlines against dripping peers), and two workers left the cores
+# idle for a quarter of the stage (2,595 tests: 208 s with two workers, 155 s of CPU;
+# 158 s with four, 2026-12-07, beside other work). ansible-lint holds one core for about a
+# minute beside them.
 unit_rc=0
-pytest -q -n 2 -m "not slow" tests || unit_rc=$?
+pytest -q -n 4 -m "not slow" tests || unit_rc=$?
 lint_rc=0; wait "$lint_pid" || lint_rc=$?
 stage "ansible-lint's output (exit $lint_rc)"
 cat "$lint_log"

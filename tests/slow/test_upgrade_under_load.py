@@ -242,9 +242,9 @@ def test_the_pooling_instance_serves_embeddings_hardened_with_its_key_in_a_root_
     read-only and names with --config (nowhere docker shows), and it answers an embedding
     of all-MiniLM-L6-v2's 384 dimensions through the gateway with the key. Its replacement
     is case (a)+(f) (replaced twice, on the whole lab); keeping it, the second site run.
-    (Until CI stop 41 tests/slow/test_vllm_server_pooling.py proved the same on a vLLM of
-    its own, about 3 minutes of the slow lane; its failed replacement brought back is
-    case (d)'s, asserted there.)"""
+    (Until CI stop 41 a slow test of its own, test_vllm_server_pooling, proved the same
+    on a vLLM of its own, about 3 minutes of the slow lane; its failed replacement
+    brought back is case (d)'s, asserted there.)"""
     assert lab["rc"] == 0, why(lab["output"])
     data = json.loads(sh("docker", "inspect", EMBED_CONTAINER).stdout)[0]
     args = data["Args"]
