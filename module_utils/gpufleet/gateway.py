@@ -435,7 +435,11 @@ def read_openapi(server, api_keys=(), ca_file="", timeout=OPENAPI_TIMEOUT,
     `timeout` seconds and at most `max_bytes`. Raises GatewayError naming the URL and why
     (unreachable, a status other than 200, the cap or the deadline passed)."""
     url = _url(server, "https" if ca_file else "http")
-    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+    try:
+        context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+    except (OSError, ssl.SSLError) as exc:  # not copied yet (a first run), or not PEM
+        raise GatewayError(f"{url} was not read: the CA file {ca_file} cannot be used "
+                           f"({exc})") from None
     last = None
     for key in [None, *api_keys]:
         headers = {"Authorization": f"Bearer {key}"} if key else {}

@@ -206,6 +206,19 @@ def test_the_document_is_read_with_a_key_only_when_asked_for_one(instance):
         gateway.read_openapi(server, ["x" * 16])
 
 
+def test_over_https_the_instance_must_be_verified_and_a_missing_ca_file_is_named(instance, tmp_path):
+    server = instance()
+    with pytest.raises(gateway.GatewayError, match=f"https://127.0.0.1:{server['port']}/openapi.json was not "
+                       f"read: the CA file {tmp_path}/none.crt cannot be used"):
+        gateway.read_openapi(server, ca_file=str(tmp_path / "none.crt"))
+    import ssl
+    bundle = ssl.get_default_verify_paths().cafile  # Debian's CA bundle: any valid PEM file
+    if bundle:  # with a CA file the read is https: a plain-HTTP instance does not answer it
+        with pytest.raises(gateway.GatewayError, match=f"https://127.0.0.1:{server['port']}/openapi.json "
+                           "could not be read"):
+            gateway.read_openapi(server, ca_file=bundle)
+
+
 def test_a_server_without_a_document_says_what_vllm_flag_does_that(instance):
     with pytest.raises(gateway.GatewayError, match=r"answered HTTP 404 \(a vLLM started with --disable-fastapi-docs"):
         gateway.read_openapi(instance(status=404))
