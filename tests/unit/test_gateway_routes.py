@@ -189,7 +189,7 @@ def instance():
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Instance)
         server.daemon_threads = True
         server.document, server.key, server.status, server.drip = document, key, status, drip
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
         port = server.server_port
         return {"name": f"gpu_{port}", "address": "127.0.0.1", "port": port, "endpoint": f"127.0.0.1:{port}"}
