@@ -19,15 +19,19 @@ import csv
 import json
 import re
 import socket
+import ssl
 import time
+import urllib.error
+import urllib.request
 
 from . import bounded, grammar
 
 __all__ = [
     "COUNTERS", "GatewayError", "NAME_RE", "OK_STATUSES", "SHOW_STAT_MAX_BYTES",
     "backend_name", "host_of_server", "backends", "host_view", "load_instances",
-    "parse_show_stat", "plan_gateway", "read_show_stat", "safe_name", "server_name",
-    "servers", "watch",
+    "OPENAPI_MAX_BYTES", "OPENAPI_MAX_PATHS", "OPENAPI_TIMEOUT", "openapi_routes",
+    "parse_show_stat", "plan_gateway", "plan_routes", "read_openapi", "read_show_stat",
+    "route_plan", "safe_name", "server_name", "servers", "watch",
 ]
 
 # HAProxy proxy and server names: "letters, digits, '-', '_', '.' and ':'" (configuration
@@ -343,3 +347,167 @@ def watch(read, seconds, host=None, interval=1.0, sleep=time.sleep):
         delta.update({c: entry[c] - before[c] for c in COUNTERS})
         deltas.append(delta)
     return {"samples": count, "deltas": deltas, "bad_statuses": bad}
+
+
+
+# ----------------------------------------------------------------- routes
+# What each model frontend forwards (issue #32 item 1): the routes its instances list in
+# their own OpenAPI document (vLLM's FastAPI app serves it at /openapi.json; which routers
+# it holds depends on the model's tasks: vllm/entrypoints/launchers/api_server/routers.py,
+# register_api_routers, 0.32.0), intersected with the operator's allowlist
+# (vllm_gateway_routes). vLLM 0.32's document is about a few hundred KiB; more than
+# OPENAPI_MAX_BYTES or OPENAPI_MAX_PATHS is not vLLM's.
+OPENAPI_MAX_BYTES = 8 << 20
+OPENAPI_MAX_PATHS = 4096
+OPENAPI_TIMEOUT = 10.0
+_PATH_MAX = 1024
+# OpenAPI 3 Path Item fields that are operations; the others (summary, description,
+# servers, parameters, $ref) are not routes.
+_OPERATIONS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+_PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
+
+
+def openapi_routes(document, source="the OpenAPI document"):
+    """{path: [METHOD, ...]} of an OpenAPI document (its JSON bytes or text, or parsed):
+    each entry of `paths` with at least one operation. A path template
+    (/v1/responses/{response_id}) is kept as written. Raises GatewayError for a document
+    that is not JSON, not an OpenAPI document with a `paths` object, has more than
+    OPENAPI_MAX_PATHS paths, or a path that is not '/' then printable ASCII (at most
+    1024 characters)."""
+    if isinstance(document, (bytes, bytearray)):
+        if len(document) > OPENAPI_MAX_BYTES:
+            raise GatewayError(f"{source} is {len(document)} bytes, more than "
+                               f"{OPENAPI_MAX_BYTES >> 20} MiB: not vLLM's OpenAPI document")
+        document = bytes(document).decode("utf-8", "replace")
+    if isinstance(document, str):
+        try:
+            document = json.loads(document)
+        except ValueError as exc:
+            raise GatewayError(f"{source} is not JSON ({str(exc)[:80]})") from None
+    if not isinstance(document, dict) or not isinstance(document.get("paths"), dict):
+        raise GatewayError(f"{source} is not an OpenAPI document: it has no `paths` object")
+    if not isinstance(document.get("openapi", document.get("swagger")), str):
+        raise GatewayError(f"{source} is not an OpenAPI document: it has no `openapi` version")
+    paths = document["paths"]
+    if len(paths) > OPENAPI_MAX_PATHS:
+        raise GatewayError(f"{source} lists {len(paths)} paths, more than "
+                           f"{OPENAPI_MAX_PATHS}: not vLLM's OpenAPI document")
+    routes = {}
+    for path, item in paths.items():
+        if (not isinstance(path, str) or not path.startswith("/") or len(path) > _PATH_MAX
+                or not _PRINTABLE.match(path)):
+            raise GatewayError(f"{source} lists the path {path!r:.80}, which is not '/' then "
+                               f"at most {_PATH_MAX} printable ASCII characters")
+        if not isinstance(item, dict):
+            raise GatewayError(f"{source}: the path {path} is not an object of operations")
+        methods = sorted(m.upper() for m in item if isinstance(m, str) and m.lower() in _OPERATIONS)
+        if methods:
+            routes[path] = methods
+    return routes
+
+
+def route_plan(served, allowlist, keyless=()):
+    """What a frontend forwards: the allowlisted paths its image serves.
+
+    served: openapi_routes() of one instance; allowlist: vllm_gateway_routes (exact
+    paths); keyless: vllm_gateway_keyless_paths (answered without a key, not routes).
+    A path template never matches: the allowlist holds exact paths only.
+    Returns {routes: [forwarded], closed: [served, not listed (templates included)],
+    unserved: [listed, not served]}, each sorted."""
+    listed = list(dict.fromkeys(allowlist))
+    return {
+        "routes": sorted(path for path in listed if path in served),
+        "closed": sorted(path for path in served if path not in listed and path not in keyless),
+        "unserved": sorted(path for path in listed if path not in served),
+    }
+
+
+def _url(server, scheme):
+    host = f"[{server['address']}]" if ":" in server["address"] else server["address"]
+    return f"{scheme}://{host}:{server['port']}/openapi.json"
+
+
+def read_openapi(server, api_keys=(), ca_file="", timeout=OPENAPI_TIMEOUT,
+                 max_bytes=OPENAPI_MAX_BYTES, urlopen=urllib.request.urlopen):
+    """The body of `server`'s (a plan_gateway server: address, port) /openapi.json:
+    https verified with `ca_file` when one is given, else http. Asked without a key
+    first, then (on 401) with each of `api_keys` in turn; the whole of each answer within
+    `timeout` seconds and at most `max_bytes`. Raises GatewayError naming the URL and why
+    (unreachable, a status other than 200, the cap or the deadline passed)."""
+    url = _url(server, "https" if ca_file else "http")
+    try:
+        context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+    except (OSError, ssl.SSLError) as exc:  # not copied yet (a first run), or not PEM
+        raise GatewayError(f"{url} was not read: the CA file {ca_file} cannot be used "
+                           f"({exc})") from None
+    last = None
+    for key in [None, *api_keys]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+        def opener(target, timeout, headers=headers):
+            request = urllib.request.Request(target, headers=headers)
+            return urlopen(request, timeout=timeout, context=context)
+        try:
+            return bounded.open_capped(opener, url, max_bytes, timeout, what=url,
+                                       advice="vLLM sends its OpenAPI document at once, a "
+                                       "few hundred KiB: check what answers there")
+        except urllib.error.HTTPError as exc:
+            last = f"{url} answered HTTP {exc.code}"
+            exc.close()
+            if exc.code != 401:
+                break
+        except bounded.BoundError as exc:
+            raise GatewayError(str(exc)) from None
+        except (OSError, ValueError, ssl.SSLError) as exc:
+            raise GatewayError(f"{url} could not be read: {exc}") from None
+    raise GatewayError(f"{last}{' with each key of vllm_gateway_api_keys' if api_keys else ''}"
+                       " (a vLLM started with --disable-fastapi-docs serves no OpenAPI document)")
+
+
+def plan_routes(frontends, allowlist, keyless=(), read=None):
+    """Each planned frontend (plan_gateway's) with what it forwards: the routes its model's
+    instances serve (read(server) -> the body of its /openapi.json, one server after
+    another until one gives a valid document) intersected with `allowlist`.
+
+    When no server's document can be read or used (none serving yet: a first install; or
+    read is None: vllm_gateway_routes_from_openapi off), the frontend forwards the whole
+    allowlist, and says so. Adds to each frontend: routes, routes_source ("openapi" or
+    "allowlist"), routes_from (the server read, or None), routes_closed,
+    routes_unserved, routes_note (one line for the operator). Raises GatewayError when
+    the image serves none of the allowlisted routes (the frontend would forward nothing).
+    """
+    planned = []
+    for frontend in frontends:
+        frontend = dict(frontend)
+        reasons, served, source = [], None, None
+        for server in frontend["servers"] if read is not None else ():
+            try:
+                served = openapi_routes(read(server), f"{server['endpoint']}'s /openapi.json")
+                source = server["name"]
+                break
+            except GatewayError as exc:
+                reasons.append(str(exc))
+        model = frontend["served_model_name"]
+        if served is None:
+            why = "; ".join(reasons) if reasons else "reading it is turned off (vllm_gateway_routes_from_openapi)"
+            frontend.update(routes=sorted(dict.fromkeys(allowlist)), routes_source="allowlist",
+                            routes_from=None, routes_closed=[], routes_unserved=[],
+                            routes_note=(f"{model}: forwards the whole allowlist "
+                                         "(vllm_gateway_routes), not checked against what the "
+                                         f"image serves: no instance's OpenAPI document was used ({why})"))
+        else:
+            plan = route_plan(served, allowlist, keyless)
+            if not plan["routes"]:
+                raise GatewayError(
+                    f"{model}: its image ({source}) serves none of vllm_gateway_routes, so its "
+                    f"frontend would forward nothing; it serves {', '.join(plan['closed'][:20])}: "
+                    "list the ones to forward in vllm_gateway_routes")
+            frontend.update(routes=plan["routes"], routes_source="openapi", routes_from=source,
+                            routes_closed=plan["closed"], routes_unserved=plan["unserved"],
+                            routes_note=(f"{model}: forwards {len(plan['routes'])} routes its image "
+                                         f"serves ({source}'s /openapi.json); served but closed (not "
+                                         f"in vllm_gateway_routes): {', '.join(plan['closed']) or 'none'}; "
+                                         f"listed but not served by this image: "
+                                         f"{', '.join(plan['unserved']) or 'none'}"))
+        planned.append(frontend)
+    return planned

@@ -108,6 +108,7 @@ def _render(**overrides):
                                                  "model": "chat", "runner": "generate", "port": "8000",
                                                  "container": "vllm-chat"}}]),
         [{"served_model_name": "chat", "port": 9000}], 9100)
+    plan["frontends"] = gateway.plan_routes(plan["frontends"], variables["vllm_gateway_routes"])
     variables.update({"ansible_managed": "managed", "__vllm_gateway_plan": plan, **overrides})
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     return env.from_string((role / "templates" / "haproxy.cfg.j2").read_text()).render(variables)
@@ -290,7 +291,8 @@ def _backend_states(tmp_path, verify="required"):
     ports = {name: _tls_backend(tmp_path, name) for name in ("fleet", "rogue")}
     front = _free_port()
     plan = {"frontends": [{"name": "chat", "served_model_name": "chat", "port": front, "servers": [
-        {"name": f"{name}_{port}", "endpoint": f"127.0.0.1:{port}"} for name, (port, _) in ports.items()]}]}
+        {"name": f"{name}_{port}", "endpoint": f"127.0.0.1:{port}"} for name, (port, _) in ports.items()],
+        "routes": ["/v1/models"], "routes_source": "allowlist"}]}
     text = _render(__vllm_gateway_plan=plan, vllm_gateway_tls=False, vllm_gateway_backend_tls=True,
                    vllm_gateway_backend_ca_path=str(tmp_path / "fleet-ca.crt"),
                    vllm_gateway_stats_socket=str(tmp_path / "admin.sock"),

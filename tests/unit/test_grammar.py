@@ -207,6 +207,7 @@ def test_the_fleet_list_never_takes_a_hostile_entry(address, host, served):
 def _render(plan):
     role = ROOT / "roles" / "vllm_gateway"
     variables = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    plan = dict(plan, frontends=gateway.plan_routes(plan["frontends"], variables["vllm_gateway_routes"]))
     variables.update(ansible_managed="managed", __vllm_gateway_plan=plan)
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     return env.from_string((role / "templates" / "haproxy.cfg.j2").read_text()).render(variables)
@@ -386,6 +387,7 @@ def test_control_a_hostile_timeout_adds_a_listen_section(monkeypatch):
                                 [{"served_model_name": "chat", "port": 9000}], 9100)
     role = ROOT / "roles" / "vllm_gateway"
     variables = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    plan = dict(plan, frontends=gateway.plan_routes(plan["frontends"], variables["vllm_gateway_routes"]))
     variables.update(ansible_managed="managed", __vllm_gateway_plan=plan,
                      vllm_gateway_timeout_client=HOSTILE_GATEWAY["vllm_gateway_timeout_client"])
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)

@@ -218,7 +218,8 @@ def _haproxy_config(tmp_path, servers, port, stats_port):
              # quicker health checks than the role's 2 s x 3 (each re-enable waits for UP)
              vllm_gateway_check_inter="300ms", vllm_gateway_check_rise=2, vllm_gateway_slowstart="1s",
              __vllm_gateway_plan={"frontends": [{"name": "chat", "served_model_name": "chat", "port": port,
-                                                 "servers": servers}]}))
+                                                 "servers": servers, "routes": defaults["vllm_gateway_routes"],
+                                                 "routes_source": "allowlist"}]}))
     (tmp_path / "api-keys").write_text(KEY + "\n")
     (tmp_path / "haproxy.cfg").write_text(text)
     return tmp_path / "haproxy.cfg"
