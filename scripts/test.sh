@@ -21,6 +21,8 @@ fast=0
 if ((fast)); then bash scripts/setup.sh venv; else bash scripts/setup.sh; fi
 export PATH="$ROOT/.venv/bin:$PATH"
 export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
+# tests/hfstub/lab_mirrors.py and the other helpers import gpufleet.<name> (docs/collection.md)
+export PYTHONPATH="$ROOT/plugins/module_utils:$ROOT/tests"
 
 # Each stage says when it starts and how long the run has taken so far (minutes and
 # seconds since the start of this script), so a slow stage shows in any CI log.

@@ -49,7 +49,7 @@ def playbook(tmp_path):
 - hosts: localhost
   gather_facts: false
   roles:
-    - role: vllm_server
+    - role: gpufleet.fleet.vllm_server
 """)
     yield path
     _docker("rm", "-f", NAME, NAME + "-previous")

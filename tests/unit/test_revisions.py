@@ -1,19 +1,16 @@
-"""Model revisions side by side (module_utils/gpufleet/revisions.py, issue #31 item 6):
+"""Model revisions side by side (plugins/module_utils/gpufleet/revisions.py, issue #31 item 6):
 hf_model main() against tests/hfstub (a STAND-IN for a Hugging Face mirror on
 127.0.0.1), cut half-way by tests/hfstub/faultproxy.py (a TEST DOUBLE), and the pure
 decisions (pruning, mounts, hostile paths)."""
 import hashlib
 import os
 import pathlib
-import sys
 
 import pytest
 
 import hf_model
 from gpufleet import hub, revisions
 from helpers import run_module
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub.faultproxy import FaultProxy  # noqa: E402
 from hfstub.server import HubStub, Repo  # noqa: E402
 
