@@ -73,20 +73,29 @@ stage "yamllint"
 yamllint --strict .
 # ansible-lint (about one core for a minute) runs beside the unit tests (about one core
 # for two and a half minutes); its output is shown, and its verdict counted, when both end.
-stage "ansible-lint (production profile), beside the unit tests"
+stage "ansible-lint (production profile) and the collection check, beside the unit tests"
 lint_log="$ROOT/.cache/test-logs/ansible-lint.log"
 mkdir -p "$(dirname "$lint_log")"
 ansible-lint --offline --profile production -q > "$lint_log" 2>&1 &
 lint_pid=$!
+# The collection as a user gets it (docs/collection.md): build, install outside the
+# checkout, a user's playbook in check mode, ansible-doc of every module (about 15 s).
+coll_log="$ROOT/.cache/test-logs/collection.log"
+bash scripts/collection-check.sh > "$coll_log" 2>&1 &
+coll_pid=$!
 stage "pytest: unit tests (two workers)"
 # Two pytest-xdist workers: ansible-lint holds one core for about a minute, then both work
 # for the unit tests (one worker took 3 min 28 s at CI stop 36; two, 1 min 51 s alone).
 unit_rc=0
 pytest -q -n 2 -m "not slow" tests || unit_rc=$?
 lint_rc=0; wait "$lint_pid" || lint_rc=$?
+coll_rc=0; wait "$coll_pid" || coll_rc=$?
 stage "ansible-lint's output (exit $lint_rc)"
 cat "$lint_log"
+stage "the collection, built, installed and used outside the checkout (exit $coll_rc)"
+cat "$coll_log"
 ((lint_rc == 0)) || die "ansible-lint failed (exit $lint_rc); its output is above"
+((coll_rc == 0)) || die "scripts/collection-check.sh failed (exit $coll_rc); its output is above"
 ((unit_rc == 0)) || die "unit tests failed (exit $unit_rc); their output is above ansible-lint's"
 ((fast)) && exit 0
 
