@@ -121,7 +121,7 @@ extends_documentation_fragment:
 requirements:
   - docker (Python SDK) when O(image) is used
 author:
-  - gpufleet
+  - gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -257,8 +257,8 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import opt
 import io
 import tarfile
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.cuda import (COMPAT_DIR, check, compat_libs_from_image,
-                                                image_requirements, planned_driver)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.cuda import (
+    COMPAT_DIR, check, compat_libs_from_image, image_requirements, planned_driver)
 
 try:
     import docker

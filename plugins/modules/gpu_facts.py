@@ -53,7 +53,7 @@ attributes:
 requirements:
   - nvidia-ml-py (optional; without it the module uses nvidia-smi or the PCI bus)
 author:
-  - gpufleet
+  - gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -158,12 +158,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.gpu import (
-    SOURCES,
-    GpuFactsError,
-    gather,
-    nvidia_smi_runner,
-    parse_nvidia_smi_xml,
-)
+    SOURCES, GpuFactsError, gather, nvidia_smi_runner, parse_nvidia_smi_xml)
 
 
 def _read_capture(module, path):

@@ -29,12 +29,14 @@ options:
     required: true
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports the paths that would change; writes nothing.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 author:
-  - gpufleet
+  - gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

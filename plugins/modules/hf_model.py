@@ -185,13 +185,15 @@ options:
     default: []
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Lists the files and reports which would be downloaded or hashed; writes nothing.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: partial
     details: The commit O(dest) points at, before and after (not the files).
 author:
-  - gpufleet
+  - gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

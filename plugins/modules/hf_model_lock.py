@@ -73,12 +73,14 @@ options:
     default: 5
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reads the endpoint (or O(src)) and returns the lock; writes nothing.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 author:
-  - gpufleet
+  - gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -20,7 +20,7 @@ description:
   - The observation itself is C(gpufleet.hoststate) (module_utils), which also lists the
     trees and files read.
 version_added: "0.3.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   state:
     description: C(check) (read-only) or C(record).
@@ -118,19 +118,9 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.gpu import (
-    GpuFactsError,
-    gather,
-    nvidia_smi_runner,
-    parse_nvidia_smi_xml,
-)
+    GpuFactsError, gather, nvidia_smi_runner, parse_nvidia_smi_xml)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hoststate import (
-    RECORD_PATH,
-    HostStateError,
-    build_record,
-    compare,
-    observe,
-    spec_for,
-)
+    RECORD_PATH, HostStateError, build_record, compare, observe, spec_for)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.jsonfile import read_json, write_json
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import rollout
 

@@ -82,7 +82,7 @@ notes:
 seealso:
   - module: ansible.builtin.async_status
 author:
-  - gpufleet
+  - gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

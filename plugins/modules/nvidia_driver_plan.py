@@ -63,7 +63,7 @@ extends_documentation_fragment:
   - gpufleet.fleet.gpufleet.nvidia_repository
   - gpufleet.fleet.gpufleet.read_only
 author:
-  - gpufleet
+  - gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -81,7 +81,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 repo:
-  description: The repository (name, manager apt/dnf, url, key_url, key_fingerprint, key, probe_url); key is the verified ASCII-armored signing key, null when trusted.
+  description: >-
+    The repository (name, manager apt/dnf, url, key_url, key_fingerprint, key, probe_url); key is
+    the verified ASCII-armored signing key, null when trusted.
   type: dict
   returned: always
   sample: {"name": "debian12", "manager": "apt", "url": "http://127.0.0.1:8081/cuda/debian12/x86_64/"}
@@ -98,7 +100,7 @@ plan:
     hold: {description: Packages to hold (apt-mark hold / dnf versionlock)., type: list, elements: str}
     version: {description: Package version to install; null when the package manager decides (dnf)., type: str}
     driver_version: {description: The driver version that will be installed., type: str, sample: 580.95.05}
-    installed_version: {description: The meta's installed version, null when absent., type: str}
+    installed_version: {description: "The meta's installed version, null when absent.", type: str}
     stream: {description: DNF module stream (dnf only)., type: str, sample: 580-open}
     changes: {description: Whether the driver packages will change., type: bool}
     fabricmanager: {description: Whether fabric manager is part of the plan., type: bool}
@@ -110,8 +112,8 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hoststack import (
-    REPOSITORY_ARGUMENT_SPEC, HostStackError, gpg_show_keys, kernel_module_flavor, nvswitch_count,
-    plan_driver, repository, repository_fetch, wants_fabricmanager)
+    REPOSITORY_ARGUMENT_SPEC, HostStackError, gpg_show_keys, kernel_module_flavor,
+    nvswitch_count, plan_driver, repository, repository_fetch, wants_fabricmanager)
 from ansible.module_utils.urls import open_url
 
 

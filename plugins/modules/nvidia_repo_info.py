@@ -35,7 +35,7 @@ extends_documentation_fragment:
   - gpufleet.fleet.gpufleet.nvidia_repository
   - gpufleet.fleet.gpufleet.read_only
 author:
-  - gpufleet
+  - gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -20,7 +20,7 @@ description:
   - playbooks/upgrade.yml keeps it on the first host of the inventory group gateways (where every
     run of the fleet looks), or on the first GPU host of the inventory without a gateway.
 version_added: "0.3.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   path:
     description: File of the lock.

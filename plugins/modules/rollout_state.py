@@ -15,7 +15,7 @@ description:
   - The steps, in order, and what each means are in C(gpufleet.rollout.STEPS) and
     docs/upgrades.md.
 version_added: "0.3.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   path:
     description: File of the state on the host.

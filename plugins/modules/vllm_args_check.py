@@ -17,7 +17,7 @@ description:
     already running keeps serving.
   - The container is removed whatever happens. C(changed) is always false.
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   image:
     description: The vLLM image (present locally) whose C(vllm serve) must accept the arguments.
@@ -78,8 +78,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.serve import (LABEL_PREFIX, args_check_command, args_check_verdict,
-                                                 remove_container, remove_leftover)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.serve import (
+    LABEL_PREFIX, args_check_command, args_check_verdict, remove_container, remove_leftover)
 
 try:
     import docker

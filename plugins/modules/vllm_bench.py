@@ -30,7 +30,7 @@ description:
     always false. In check mode it inspects the instance and returns the command it would
     run, and runs nothing.
 version_added: "0.3.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   container:
     description: Name of the serving vLLM container (the C(container) label of the fleet's instance list).
@@ -158,7 +158,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 instance:
-  description: What was read from the serving container (image, image_id, model_path, model_mount, max_model_len, settings, gpu_device_ids, network_mode, env_names).
+  description: >-
+    What was read from the serving container (image, image_id, model_path, model_mount,
+    max_model_len, settings, gpu_device_ids, network_mode, env_names).
   returned: always
   type: dict
 plan:
@@ -196,12 +198,18 @@ log_tail:
   type: str
 preemptions:
   description:
-    - C(count) - requests vLLM preempted during the point (the rise of C(vllm:num_preemptions_total) on the instance's C(/metrics), read before and after; also the row's C(preemptions), which the cliff rule C(preemptions_start) reads), or null with C(reason) where it could not be read.
+    - >-
+      C(count) - requests vLLM preempted during the point (the rise of C(vllm:num_preemptions_total)
+      on the instance's C(/metrics), read before and after; also the row's C(preemptions), which the
+      cliff rule C(preemptions_start) reads), or null with C(reason) where it could not be read.
     - Counts the instance's preemptions from any load, so run nothing else against it meanwhile.
   returned: when a point was run
   type: dict
 gpu:
-  description: C(sampled), C(source), C(reason) and per GPU C(util_mean), C(util_max), C(mem_util_mean), C(mem_util_max) (memory bandwidth, as NVML's memory utilisation or dmon's C(mem) column give it), C(fb_max_mib), C(power_mean_w).
+  description: >-
+    C(sampled), C(source), C(reason) and per GPU C(util_mean), C(util_max), C(mem_util_mean),
+    C(mem_util_max) (memory bandwidth, as NVML's memory utilisation or dmon's C(mem) column give
+    it), C(fb_max_mib), C(power_mean_w).
   returned: when a point was run
   type: dict
 seconds:
@@ -221,13 +229,11 @@ import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.bench import (PREEMPTION_METRIC, PRESETS, BenchError,
-                                                 bench_env, bench_plan, bench_serve_command,
-                                                 failed_point, goodput_flags,
-                                                 instance_from_inspect, is_loopback,
-                                                 parse_dmon, percentile_flags,
-                                                 point_from_result, preemptions_from_metrics,
-                                                 split_target, summarise_gpu_samples)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.bench import (
+    PREEMPTION_METRIC, PRESETS, BenchError, bench_env, bench_plan, bench_serve_command,
+    failed_point, goodput_flags, instance_from_inspect, is_loopback, parse_dmon,
+    percentile_flags, point_from_result, preemptions_from_metrics, split_target,
+    summarise_gpu_samples)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.bounded import BoundError, join_capped, open_capped
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.serve import LABEL_PREFIX, remove_container
 

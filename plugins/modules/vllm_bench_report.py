@@ -20,7 +20,7 @@ description:
     request throughput of the other instances of each model it serves
     (RV(knee_rps_by_host), what upgrade.yml's capacity gate reads as C(benchmark_knee_rps)).
 version_added: "0.3.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   output_dir:
     description: Folder holding the runs (one sub-folder per run).
@@ -106,8 +106,14 @@ files:
   elements: str
 summary:
   description:
-    - Points (total, ok, failed), groups (knee, cliff, findings per instance and pair, and C(ran), each concurrency level with its status), failed points with their reasons, notes, the fleet table.
-    - C(matrix) is the matrix that ran - C(concurrency) and C(pairs) from the points (measured or failed, after clipping), C(instances) the same per instance, C(asked) the O(matrix)'s axes with an empty list resolved to its preset's, and O(matrix)'s other settings.
+    - >-
+      Points (total, ok, failed), groups (knee, cliff, findings per instance and pair, and C(ran),
+      each concurrency level with its status), failed points with their reasons, notes, the fleet
+      table.
+    - >-
+      C(matrix) is the matrix that ran - C(concurrency) and C(pairs) from the points (measured or
+      failed, after clipping), C(instances) the same per instance, C(asked) the O(matrix)'s axes
+      with an empty list resolved to its preset's, and O(matrix)'s other settings.
   returned: always
   type: dict
 knee_facts:
@@ -156,7 +162,7 @@ def main():
         report = build_report(p["points"], p["instances"], p["skipped"], p["run_id"],
                               p["matrix"], analysis, with_plots=True)
         path = None if module.check_mode else write_run(p["output_dir"], p["run_id"],
-                                                         report["files"])
+                                                        report["files"])
     except (BenchError, OSError) as exc:
         module.fail_json(msg=str(exc))
     summary = report["summary"]

@@ -16,7 +16,7 @@ description:
     malformed instance entry; each message says what to change.
   - It only computes, so C(changed) is always false.
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   instances:
     description:

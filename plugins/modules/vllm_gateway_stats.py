@@ -17,7 +17,7 @@ description:
     the window (of O(server_host)'s servers, or of all).
   - It only reads, so C(changed) is always false.
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   socket:
     description: HAProxy's stats socket (C(vllm_gateway_stats_socket)).

@@ -19,7 +19,7 @@ description:
     what to do (set the version by hand). The container is removed whatever happens.
     C(changed) is always false.
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   image:
     description: The vLLM image, present locally.
@@ -69,8 +69,8 @@ installed:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.serve import (LABEL_PREFIX, VERSION_PROBE, image_vllm_version,
-                                                 remove_container, remove_leftover)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.serve import (
+    LABEL_PREFIX, VERSION_PROBE, image_vllm_version, remove_container, remove_leftover)
 
 try:
     import docker

@@ -17,7 +17,7 @@ description:
     with no instance loses them.
   - Writes atomically (mode 0644) and only when the list changed.
 version_added: "0.2.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   path:
     description: The file (JSON list).

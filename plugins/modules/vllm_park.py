@@ -16,7 +16,7 @@ description:
     it; parking gives a way back when the new one fails at load time (CUDA out of
     memory, a kernel missing for the GPU) instead of leaving the host serving nothing.
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   name:
     description: The container's name.

@@ -18,7 +18,7 @@ description:
     fails when the new figures are worse; playbooks/upgrade.yml uses it as its probe gate.
   - Logic in C(plugins/module_utils/gpufleet/upgrade.py). It only reads, so C(changed) is false.
 version_added: "0.2.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   url:
     description: Base URL of the instance (C(http://127.0.0.1:8000)).
@@ -168,6 +168,7 @@ def run(params, session):
     if params["requests"] > 0:
         if not params["served_model_name"]:
             return True, dict(result, msg="served_model_name is needed for a probe")
+
         def probe():
             return run_probe(session, url, params["api_key"], params["served_model_name"],
                              params["runner"], params["requests"], params["max_tokens"],
@@ -207,7 +208,7 @@ def main():
             "wait_idle": {"type": "bool", "default": False},
             "idle_timeout": {"type": "int", "default": 120},
             "requests": {"type": "int", "default": 0},
-            "max_tokens": {"type": "int", "default": 16},
+            "max_tokens": {"type": "int", "default": 16, "no_log": False},  # a count, not a secret
             "request_timeout": {"type": "int", "default": 120},
             "baseline": {"type": "dict"},
             "max_latency_ratio": {"type": "float", "default": 2.0},

@@ -19,7 +19,7 @@ description:
     for max_model_len, port in use...) and what to do.
   - It only reads, so C(changed) is always false and it runs the same in check mode.
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   url:
     description: Base URL of the server, without a path (C(http://127.0.0.1:8000)).
@@ -28,10 +28,9 @@ options:
   api_key:
     description:
       - The server's API key (vLLM C(--api-key) / C(VLLM_API_KEY)), sent as a bearer
-        token to C(/v1/*). Never logged. Empty for a server without a key.
+        token to C(/v1/*). Never logged (no_log). Empty for a server without a key.
     type: str
     default: ""
-    no_log: true
   served_model_name:
     description: The model name C(/v1/models) must list, and the request uses.
     type: str

@@ -28,7 +28,7 @@ description:
     before secrets were redacted (version 1, values verbatim, mode 0644) is still read; the
     next C(present) replaces it.
 version_added: "0.2.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   path:
     description: File of the record on the host.

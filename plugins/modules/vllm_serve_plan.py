@@ -21,7 +21,7 @@ description:
     instances on one port.
   - It only reads, so C(changed) is always false.
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   models:
     description:
@@ -310,7 +310,8 @@ def main():
             "shutdown_timeout": {"type": "int", "default": 0},
             "cache_root": {"type": "str", "default": ""},
             "check_ports": {"type": "bool", "default": True},
-            "key_digests": {"type": "list", "elements": "str", "default": []},
+            "key_digests": {"type": "list", "elements": "str", "default": [],
+                            "no_log": False},  # sha256 digests of the keys, not the keys
             "auth_dir": {"type": "str", "default": ""},
             "allow_key_cutover": {"type": "bool", "default": False},
         },

@@ -18,7 +18,7 @@ description:
   - When nothing fits it fails with what is missing and the nearest settings that fit
     (for example C(needs 2 GPUs) or C(max_model_len up to 45,248 fits)).
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   model_path:
     description:
@@ -296,19 +296,10 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import model_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.model import (
-    ModelError,
-    describe_config,
-    describe_model_dir,
-    model_summary,
-)
+    ModelError, describe_config, describe_model_dir, model_summary)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.speculative import SpeculativeError, describe_draft
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.tune import (
-    DEFAULT_VLLM_VERSION,
-    NoFitError,
-    TuneError,
-    check_extra_args,
-    plan,
-)
+    DEFAULT_VLLM_VERSION, NoFitError, TuneError, check_extra_args, plan)
 
 KV_DTYPES = ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla"]
 

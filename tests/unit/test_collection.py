@@ -128,3 +128,53 @@ def test_playbooks_are_importable_by_their_collection_name():
     assert imported and all(name.startswith("gpufleet.fleet.") for name in imported)
     for name in imported:
         assert (ROOT / "playbooks" / (name.removeprefix("gpufleet.fleet.") + ".yml")).is_file()
+
+
+# --- what ansible-test sanity found in the installed copy (docs/collection.md) ---------------
+_RETURN_KEYS = {"description", "returned", "type", "sample", "contains", "elements", "version_added"}
+
+
+def stray_return_keys(returns, where=""):
+    """'path: key' for every key of a RETURN entry that is not one of _RETURN_KEYS."""
+    found = []
+    for name, entry in (returns or {}).items():
+        path = f"{where}.{name}" if where else name
+        if not isinstance(entry, dict):
+            found.append(f"{path}: not a mapping")
+            continue
+        found += [f"{path}: {key!r}" for key in sorted(set(entry) - _RETURN_KEYS, key=str)]
+        found += stray_return_keys(entry.get("contains"), path)
+    return found
+
+
+def test_every_return_entry_has_only_known_keys():
+    """validate-modules' return-syntax-error: nvidia_driver_plan's RETURN had a flow
+    mapping whose description held ', null when absent.': YAML read a stray key."""
+    found = []
+    for module in sorted((ROOT / "plugins" / "modules").glob("*.py")):
+        text = module.read_text()
+        block = re.search(r'^RETURN = r?"""(.*?)"""', text, re.S | re.M)
+        found += [f"{module.stem}: {s}" for s in stray_return_keys(yaml.safe_load(block.group(1)))]
+    assert found == []
+
+
+def test_control_the_old_installed_version_line_has_a_stray_key():
+    old = ("plan:\n  description: x\n  type: dict\n  contains:\n"
+           "    installed_version: {description: The meta's installed version, null when absent., type: str}\n")
+    assert stray_return_keys(yaml.safe_load(old)) == ["plan.installed_version: 'null when absent.'"]
+
+
+def test_hub_imports_without_requests_and_says_what_is_missing():
+    """The plain logic of hub.py imports on a host without requests (ansible-test's import
+    test; hub_mirror, p2p and revisions import hub); a client says what to install."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nsys.modules['requests'] = sys.modules['urllib3'] = None\n"
+            "from gpufleet import hub\nassert not hub.HAS_REQUESTS\n"
+            "try:\n    hub.HubClient('https://huggingface.co')\n"
+            "except hub.HubError as exc:\n    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "plugins" / "module_utils")))
+    assert proc.returncode == 0, proc.stderr
+    assert "needs the Python library requests" in proc.stdout

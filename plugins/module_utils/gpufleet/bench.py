@@ -602,8 +602,8 @@ def rows_to_csv(rows):
         unknown = set(row) - set(ROW_FIELDS)
         if unknown:
             raise BenchError(f"a row has keys that are not ROW_FIELDS: {sorted(unknown)}")
-        writer.writerow({k: ("" if row.get(k) is None or (isinstance(row.get(k), float)
-                                                       and math.isnan(row[k])) else row[k])
+        writer.writerow({k: ("" if row.get(k) is None
+                             or (isinstance(row.get(k), float) and math.isnan(row[k])) else row[k])
                          for k in ROW_FIELDS})
     return buffer.getvalue()
 

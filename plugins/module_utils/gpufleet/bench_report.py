@@ -458,7 +458,7 @@ def _html(summary, instances, groups_by_instance, points, files, images):
             status = ("ok" if p["status"] == "ok"
                       else f"<span class='failed'>failed: {_e(p.get('error'))}</span>")
             cells = [_fmt(r.get(k)) for k in ("output_throughput", "request_throughput",
-                                                "p99_ttft_ms", "p99_e2el_ms")]
+                                              "p99_ttft_ms", "p99_e2el_ms")]
             pre = p.get("preemptions") or {}
             cells.append(_fmt(r.get("preemptions")) if r.get("preemptions") is not None
                          else _e(f"- ({pre['reason']})" if pre.get("reason") else "-"))

@@ -989,7 +989,7 @@ def _check(driver_version, compute_capabilities=(), cuda_version=None, require_c
     reasons, notes = [], []  # notes: caveats about the tables, said last
     if branch not in DRIVER_BRANCHES:
         notes.append(f"Driver branch {branch} is not in the branch table; it is assumed to "
-                       f"support at least CUDA {driver_cuda}, like branch {_known_branch(branch)}.")
+                     f"support at least CUDA {driver_cuda}, like branch {_known_branch(branch)}.")
     # A CUDA NVIDIA never shipped (12.7) or one newer than the table is an error, not a
     # verdict: min_driver_for_cuda names the known releases and what to do.
     min_driver = min_driver_for_cuda(required) if required else None
@@ -1553,8 +1553,8 @@ def _compat_verdict(result, driver_version, compat, toolkit_version, gpu_runtime
             + ("NVIDIA_REQUIRE_CUDA lets the container start" if result["require_cuda_satisfied"]
                else "nothing stops the container from starting")
             + (" and minor-version compatibility would run it without those "
-                                 "libraries." if result["mode"] in ("native", "minor_version")
-                                 else "."))
+               "libraries." if result["mode"] in ("native", "minor_version")
+               else "."))
         result.update(mode="incompatible", compatible=False)
         result["suggestions"] = fixes + [s for s in suggestions if "VLLM_ENABLE_CUDA_COMPAT" not in s]
         return result

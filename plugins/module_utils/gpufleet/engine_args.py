@@ -440,4 +440,3 @@ def first_refusal(args):
         if why:
             return why
     return None
-

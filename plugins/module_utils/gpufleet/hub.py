@@ -38,8 +38,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
-import requests
-import urllib3
+try:
+    import requests
+    import urllib3
+except ImportError:  # the plain logic (names, manifests) still imports; HubClient says what is missing
+    requests = urllib3 = None
+HAS_REQUESTS = requests is not None
 
 from . import model_lock
 from .bounded import Decoder
@@ -386,6 +390,9 @@ class HubClient:
         for name in ("retries", "backoff", "deadline", "min_rate", "max_total_retries"):
             if getattr(self, name) < 0:
                 raise HubError(f"{name} must be >= 0.")
+        if session is None and not HAS_REQUESTS:
+            raise HubError("talking to a hub needs the Python library requests on this host "
+                           "(Debian: python3-requests; or pip install requests).")
         self.session = session or requests.Session()
         self.session.headers["User-Agent"] = "gpufleet-hf_model/1"
         # Not a session header: open() adds it only to requests for the endpoint's origin.

@@ -259,7 +259,7 @@ def probe_web_seed(base_url, commit, path, timeout=10):
             why = web_seed_verdict(url, r.status_code, dict(r.headers))
     except requests.RequestException as exc:
         raise WebSeedDown(f"the web seed {url} did not answer ({type(exc).__name__}); start "
-                       "the site mirror or leave the web seed out.") from None
+                          "the site mirror or leave the web seed out.") from None
     if why:
         raise P2PError(why)
 
@@ -476,7 +476,7 @@ def run_peer(job, log=None):
             elif isinstance(a, lt.block_finished_alert):
                 ip = _ip(a.endpoint)
                 by_peer[ip] = by_peer.get(ip, 0) + _block_bytes(ti, int(a.piece_index),
-                                                                 int(a.block_index))
+                                                                int(a.block_index))
             elif isinstance(a, lt.peer_ban_alert):
                 note("banned", peer=_ip(a.endpoint), message=a.message())
             elif isinstance(a, lt.peer_blocked_alert):

@@ -190,7 +190,6 @@ def failure_message(what, detail, log_text, tail_lines=40):
     return "\n".join(parts)
 
 
-
 # ----------------------------------------------------------------- addresses
 # One rule for every address an instance is reached at: the readiness gate on the host
 # itself (local_url), and the gateway, Prometheus and the summary from elsewhere
