@@ -178,3 +178,28 @@ def test_hub_imports_without_requests_and_says_what_is_missing():
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "plugins" / "module_utils")))
     assert proc.returncode == 0, proc.stderr
     assert "needs the Python library requests" in proc.stdout
+
+
+def test_the_state_check_reads_the_collections_roles_wherever_the_playbook_is(tmp_path):
+    """site.yml's state check lists the roles and digests the code of the collection the
+    filter belongs to, not playbook_dir's: a collection or imported playbook has
+    playbook_dir = <collection>/playbooks, which has no roles/ (the filter took
+    playbook_dir before, and listed playbook_dir/roles). A play in a folder with no roles
+    gets every role of gpufleet.fleet in the pattern."""
+    import subprocess
+
+    (tmp_path / "play.yml").write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.debug:\n"
+        "        msg: \"PATTERN={{ 'gpufleet' | gpufleet.fleet.gpufleet_state_var_pattern }}\"\n"
+        "    - ansible.builtin.debug:\n"
+        "        msg: \"DIGEST={{ [1] | gpufleet.fleet.gpufleet_state_digest(['x'], ['h']) }}\"\n")
+    proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           str(tmp_path / "play.yml")], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, ANSIBLE_FORCE_COLOR="0"), timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    roles = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
+    pattern = re.search(r"PATTERN=([^\s\"]+)", proc.stdout).group(1)
+    assert pattern == "^(?!gpufleet_state_)(%s)_" % "|".join(roles + ["gpufleet"])
+    assert re.search(r"DIGEST=[0-9a-f]{64}\b", proc.stdout)
+    assert not (tmp_path / "roles").exists() and not (ROOT / "playbooks" / "roles").exists()
