@@ -225,9 +225,9 @@ import subprocess
 import tarfile
 import threading
 import time
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, open_url
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.bench import (
     PREEMPTION_METRIC, PRESETS, BenchError, bench_env, bench_plan, bench_serve_command,
@@ -480,11 +480,10 @@ def read_preemptions(address, port, api_key=""):
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def opener(target, timeout):
-        return urllib.request.urlopen(urllib.request.Request(target, headers=headers),
-                                      timeout=timeout)
+        return open_url(target, headers=headers, timeout=timeout)
     try:
         body = open_capped(opener, url, METRICS_MAX_BYTES, METRICS_TIMEOUT, what=url)
-    except (OSError, BoundError, ValueError) as exc:
+    except (OSError, UrlsConnectionError, BoundError, ValueError) as exc:
         return None, f"{url} could not be read: {exc}"
     count = preemptions_from_metrics(body.decode("utf-8", "replace"))
     if count is None:

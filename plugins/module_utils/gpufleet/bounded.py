@@ -229,7 +229,7 @@ def http_request(session, method, url, max_bytes, seconds, what=None, advice=Non
 
 
 def open_capped(opener, url, max_bytes, seconds, what=None, advice=None):
-    """The body of `opener(url, timeout=...)` (urllib's urlopen, Ansible's open_url: a
+    """The body of `opener(url, timeout=...)` (urllib.request's opener, Ansible's open_url: a
     response with read1 or read) within `seconds` in all and at most `max_bytes`.
     Raises BoundError past either limit; the opener's own errors pass unchanged."""
     deadline = Deadline(seconds, what or url, advice)
