@@ -29,7 +29,6 @@ import sys
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "module_utils"))
 from gpufleet import grammar  # noqa: E402  (the one port rule)
 
 PROFILES = ROOT / "lab" / "profiles.yml"

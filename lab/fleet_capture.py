@@ -10,11 +10,8 @@ from __future__ import annotations
 import copy
 import pathlib
 import re
-import sys
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "module_utils"))
 from gpufleet.gpu import GpuFactsError, _bus_id, _value, parse_nvidia_smi_xml  # noqa: E402
 
 

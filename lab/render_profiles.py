@@ -14,7 +14,6 @@ import xml.etree.ElementTree as ET
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "lab"))
 from fleet_capture import fleet_capture  # noqa: E402
 
 

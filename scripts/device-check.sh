@@ -53,7 +53,7 @@ nvidia-smi -q -x > "$out/nvidia-smi-q-x.xml" || echo "nvidia-smi -q -x failed: $
 # of ansible.cfg is not read).
 module() {  # NAME ARGS; the JSON result of `ansible -o` (one line: "host | STATUS => {...}")
   ANSIBLE_CONFIG=ansible.cfg ANSIBLE_FACT_CACHING=memory ANSIBLE_CALLBACKS_ENABLED=ansible.builtin.minimal \
-    ansible all -i localhost, -c local -e ansible_python_interpreter="$py" -m gpu_facts -a "$2" -o \
+    ansible all -i localhost, -c local -e ansible_python_interpreter="$py" -m gpufleet.fleet.gpu_facts -a "$2" -o \
     2>> "$out/log.txt" | sed -n 's/^[^|]* | [A-Z]* => //p' > "$out/gpu_facts-$1.json"
   echo "gpu_facts $1: exit ${PIPESTATUS[0]}"
 }

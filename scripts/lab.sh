@@ -22,6 +22,9 @@ cd "$ROOT"
 . "$ROOT/scripts/lib.sh"
 export PATH="$ROOT/.venv/bin:$PATH"
 export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
+# The Python helpers it runs (lab/fleet.py, tests/hfstub/lab_mirrors.py, ...) import the
+# plain logic as gpufleet.<name> and the tests' helpers by name: no sys.path edits in them.
+export PYTHONPATH="$ROOT/plugins/module_utils:$ROOT/tests"
 INVENTORY="$ROOT/inventories/lab/hosts.yml"
 
 # Each lab part has its own build/serve script; run those that exist.

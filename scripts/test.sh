@@ -21,6 +21,8 @@ fast=0
 if ((fast)); then bash scripts/setup.sh venv; else bash scripts/setup.sh; fi
 export PATH="$ROOT/.venv/bin:$PATH"
 export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
+# tests/hfstub/lab_mirrors.py and the other helpers import gpufleet.<name> (docs/collection.md)
+export PYTHONPATH="$ROOT/plugins/module_utils:$ROOT/tests"
 
 # Each stage says when it starts and how long the run has taken so far (minutes and
 # seconds since the start of this script), so a slow stage shows in any CI log.
@@ -71,11 +73,16 @@ stage "yamllint"
 yamllint --strict .
 # ansible-lint (about one core for a minute) runs beside the unit tests (about one core
 # for two and a half minutes); its output is shown, and its verdict counted, when both end.
-stage "ansible-lint (production profile), beside the unit tests"
+stage "ansible-lint (production profile) and the collection check, beside the unit tests"
 lint_log="$ROOT/.cache/test-logs/ansible-lint.log"
 mkdir -p "$(dirname "$lint_log")"
 ansible-lint --offline --profile production -q > "$lint_log" 2>&1 &
 lint_pid=$!
+# The collection as a user gets it (docs/collection.md): build, install outside the
+# checkout, a user's playbook in check mode, ansible-doc of every module (about 15 s).
+coll_log="$ROOT/.cache/test-logs/collection.log"
+bash scripts/collection-check.sh > "$coll_log" 2>&1 &
+coll_pid=$!
 stage "pytest: unit tests (four workers)"
 # Four pytest-xdist workers on the two cores: many unit tests wait (role runs, a real
 # HAProxy's checks, deadlines against dripping peers), and two workers left the cores
@@ -85,9 +92,13 @@ stage "pytest: unit tests (four workers)"
 unit_rc=0
 pytest -q -n 4 -m "not slow" tests || unit_rc=$?
 lint_rc=0; wait "$lint_pid" || lint_rc=$?
+coll_rc=0; wait "$coll_pid" || coll_rc=$?
 stage "ansible-lint's output (exit $lint_rc)"
 cat "$lint_log"
+stage "the collection, built, installed and used outside the checkout (exit $coll_rc)"
+cat "$coll_log"
 ((lint_rc == 0)) || die "ansible-lint failed (exit $lint_rc); its output is above"
+((coll_rc == 0)) || die "scripts/collection-check.sh failed (exit $coll_rc); its output is above"
 ((unit_rc == 0)) || die "unit tests failed (exit $unit_rc); their output is above ansible-lint's"
 ((fast)) && exit 0
 

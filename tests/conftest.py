@@ -1,25 +1,25 @@
 """pytest setup shared by every test.
 
-`module_utils/` is put on sys.path so pure logic is imported as `gpufleet.<name>`
-(no Ansible needed), and it is also added to `ansible.module_utils` so the modules in
-`library/` import it as Ansible does at run time.
+Imports come from pytest.ini's `pythonpath` (no sys.path edits): pure logic as
+`gpufleet.<name>` (plugins/module_utils; no Ansible needed), the modules of
+plugins/modules by name, the helpers of tests/ by name, and the collection as
+`ansible_collections.gpufleet.fleet.*` (collections/, a link to this checkout), which is
+how a module imports its module_utils at run time.
 """
 import pathlib
-import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 
-sys.path.insert(0, str(ROOT / "module_utils"))
-sys.path.insert(0, str(ROOT / "library"))
-
 try:
-    import ansible.module_utils
+    # Ansible's collection loader, as on the controller, before any test imports a module:
+    # `ansible_collections.gpufleet.fleet` is then the collection (with its metadata, which
+    # ansible-doc's fragment loader reads), not a bare namespace package.
+    from ansible.plugins.loader import init_plugin_loader
 
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+    init_plugin_loader([str(ROOT / "collections")])
 except ImportError:  # pure-logic tests still run without Ansible
     pass
-
 
 
 
@@ -71,7 +71,6 @@ def pytest_collection_modifyitems(items):
 def lab():
     import os
 
-    sys.path.insert(0, str(ROOT / "tests"))
     from labrun import IMAGE, NEXT_IMAGE, sh
 
     if sh("docker", "image", "inspect", IMAGE, check=False).returncode:

@@ -80,7 +80,7 @@ def run_role_preflight(tmp_path, role, extra_vars):
     play = tmp_path / "play.yml"
     play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
                     "    - name: Preflight\n      ansible.builtin.include_role:\n"
-                    f"        name: {role}\n        tasks_from: preflight\n")
+                    f"        name: gpufleet.fleet.{role}\n        tasks_from: preflight\n")
     inventory = tmp_path / "hosts"
     inventory.write_text("localhost ansible_connection=local ansible_python_interpreter="
                          f"{ROOT / '.venv/bin/python'}\n")

@@ -1,27 +1,22 @@
 """Action model_fetch_wait: follow an async job (hf_model's in roles/model_fetch) to its end in
 one task, on the controller, printing progress reports; documented in
-library/model_fetch_wait.py.
+plugins/modules/model_fetch_wait.py.
 
 A loop here instead of a task file that includes itself once per report: such a file nests
 one include deeper each time and dies with RecursionError after a few hundred reports,
 while a fetch may run for a day. Options and the report's text are plain Python
-(module_utils/gpufleet/fetch_wait.py, tests/unit/test_fetch_wait.py).
+(plugins/module_utils/gpufleet/fetch_wait.py, tests/unit/test_fetch_wait.py).
 """
 from __future__ import annotations
 
 import base64
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "module_utils"))
+from ansible.errors import AnsibleConnectionFailure
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
 
-from ansible.errors import AnsibleConnectionFailure  # noqa: E402
-from ansible.plugins.action import ActionBase  # noqa: E402
-from ansible.utils.display import Display  # noqa: E402
-
-from gpufleet import fetch_wait  # noqa: E402  (the repository's module_utils)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import fetch_wait
 
 display = Display()
 

@@ -1,4 +1,5 @@
-"""gpufleet's filters: thin wrappers of module_utils/gpufleet (upgrade.py, serve.py, tune.py, hub.py).
+"""gpufleet's filters: thin wrappers of plugins/module_utils/gpufleet (upgrade.py, serve.py,
+tune.py, hub.py).
 
 They run on the control node and only compute (no host is contacted), so decisions
 (batches, what changes, gates, rollback variables, an instance's address) stay plain,
@@ -7,14 +8,16 @@ unit-tested Python (tests/unit/test_upgrade.py, test_serve.py) instead of Jinja.
 from __future__ import annotations
 
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "module_utils"))
+from ansible.errors import AnsibleFilterError
 
-from ansible.errors import AnsibleFilterError  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import (
+    prometheus_text, rollout, serve, tune, upgrade)
 
-from gpufleet import prometheus_text, rollout, serve, tune, upgrade  # noqa: E402  (the repository's module_utils)
+# The collection's root (the checkout, through collections/, or an installed copy): the
+# state check's roles and code are this folder's, wherever the playbook that runs it lives
+# (an imported or collection playbook has playbook_dir = <root>/playbooks).
+COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _wrap(func):
@@ -40,7 +43,7 @@ def metric_samples(text):
 def bad_repo_ids(repo_ids):
     """The entries of `repo_ids` that hf_model would refuse (gpufleet.hub.validate_repo_id,
     the one rule), so a role's preflight refuses them before anything is fetched."""
-    from gpufleet import hub  # here, not at the top: hub needs requests, the others do not
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub  # here, not at the top: hub needs requests, the others do not
 
     bad = []
     for repo_id in repo_ids or []:
@@ -54,7 +57,7 @@ def bad_repo_ids(repo_ids):
 def model_locks(entries, locks=None, lock_dir="", require=False):
     """gpufleet.model_lock.resolve_locks: {items, problems}, the models with each one's lock
     read and checked on the control node (model_fetch's preflight)."""
-    from gpufleet import model_lock
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import model_lock
 
     items, problems = model_lock.resolve_locks(entries, locks, lock_dir, require)
     return {"items": items, "problems": problems}
@@ -63,7 +66,7 @@ def model_locks(entries, locks=None, lock_dir="", require=False):
 def bad_addresses(values, networks=False):
     """gpufleet.hub_mirror.bad_addresses: entries that are not an IP address (or, with
     networks=True, not an address or CIDR network)."""
-    from gpufleet import hub_mirror  # needs requests, like hub
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub_mirror  # needs requests, like hub
 
     return hub_mirror.bad_addresses(values, networks)
 
@@ -71,7 +74,7 @@ def bad_addresses(values, networks=False):
 def bad_inputs(inputs):
     """gpufleet.grammar.check_inputs: the messages for the values of `inputs`
     ({variable: [kind, value]}) that break their kind's rule; [] when all hold."""
-    from gpufleet import grammar
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import grammar
 
     try:
         return grammar.check_inputs(inputs)
@@ -83,7 +86,7 @@ def tls_problems(cert_pem, key_pem, cert_name="the certificate", key_name="the k
     """gpufleet.tls.pair_problems: what is wrong with a certificate and its key (parse,
     match, validity now); [] when they suit HAProxy's `bind ... ssl crt`. No key text in
     any message."""
-    from gpufleet import tls  # here: it needs cryptography, which only the controller has
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import tls  # here: it needs cryptography, which only the controller has
 
     return tls.pair_problems(cert_pem, key_pem, cert_name, key_name)
 
@@ -91,14 +94,14 @@ def tls_problems(cert_pem, key_pem, cert_name="the certificate", key_name="the k
 def tls_ca_problems(ca_pem, name="the CA certificate"):
     """gpufleet.tls.ca_problems: what is wrong with the CA certificate HAProxy verifies
     the backends with; [] when none."""
-    from gpufleet import tls
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import tls
 
     return tls.ca_problems(ca_pem, name)
 
 
 def tls_san(names):
     """gpufleet.tls.san_entries: ['IP:...', 'DNS:...'] for a certificate the fleet CA signs."""
-    from gpufleet import tls
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import tls
 
     try:
         return tls.san_entries(names)
@@ -110,7 +113,7 @@ def _keys(func):
     """serve's API-key helpers as filters: a bad key is an AnsibleFilterError whose message
     names the variable, never the value."""
     def call(*args, **kwargs):
-        from gpufleet import grammar
+        from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import grammar
 
         try:
             return func(*args, **kwargs)
@@ -124,7 +127,7 @@ def _keys(func):
 def bad_api_keys(keys):
     """gpufleet.grammar.bad_api_keys: the positions of the entries of `keys` that are not
     a bearer token of 8-512 characters ([] when all are), never a key."""
-    from gpufleet import grammar
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import grammar
 
     return grammar.bad_api_keys(keys)
 
@@ -142,7 +145,7 @@ def auth_config(current, retiring=()):
 def goodput_problem(goodput):
     """gpufleet.bench.goodput_flags' refusal of latency objectives ('' when they hold), so
     the benchmark's preflight says it before any point runs."""
-    from gpufleet import bench
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import bench
 
     try:
         bench.goodput_flags(goodput)
@@ -171,7 +174,7 @@ def missing_packages(wanted, installed):
     """gpufleet.hoststack.missing_packages: the apt names (name or name=version) of
     `wanted` that ansible_facts.packages does not show installed at that version
     (`wanted | gpufleet_missing_packages(ansible_facts.packages)`)."""
-    from gpufleet import hoststack
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hoststack
 
     return hoststack.missing_packages(installed, wanted)
 
@@ -179,32 +182,35 @@ def missing_packages(wanted, installed):
 def packages_to_hold(dpkg_query_lines, names):
     """gpufleet.hoststack.packages_to_hold: the installed names not yet held, from
     dpkg-query's `${Package} ${db:Status-Want} ${db:Status-Status}` lines."""
-    from gpufleet import hoststack
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hoststack
 
     return hoststack.packages_to_hold(dpkg_query_lines, names)
 
 
-def state_var_pattern(playbook_dir):
+def state_var_pattern(prefix="gpufleet", root=None):
     """The variables that are a host's inputs for the state check: every variable named
-    after one of the playbook's roles (`roles/<name>`) or `gpufleet_`, except the state
-    check's own `gpufleet_state_*`."""
-    roles = sorted(n for n in os.listdir(os.path.join(playbook_dir, "roles"))
-                   if os.path.isdir(os.path.join(playbook_dir, "roles", n)))
-    return "^(?!gpufleet_state_)(%s)_" % "|".join(roles + ["gpufleet"])
+    after one of the collection's roles (`<root>/roles/<name>`; root: COLLECTION_ROOT
+    unless given) or `<prefix>_`, except the state check's own `gpufleet_state_*`."""
+    root = root or COLLECTION_ROOT
+    roles = sorted(n for n in os.listdir(os.path.join(root, "roles"))
+                   if os.path.isdir(os.path.join(root, "roles", n)))
+    return "^(?!gpufleet_state_)(%s)_" % "|".join(roles + [prefix])
 
 
 _CODE_DIGESTS = {}
 
 
-def state_digest(values, names, playbook_dir, extra=()):
+def state_digest(values, names, extra=(), root=None):
     """gpufleet.hoststate.inputs_digest of a host: its variables (names and values) and
-    the playbook's code (its digest computed once per process)."""
-    from gpufleet import hoststate
+    the collection's code under `root` (COLLECTION_ROOT unless given; its digest computed
+    once per process)."""
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hoststate
 
-    if playbook_dir not in _CODE_DIGESTS:
-        _CODE_DIGESTS[playbook_dir] = hoststate.code_digest(playbook_dir)
+    root = root or COLLECTION_ROOT
+    if root not in _CODE_DIGESTS:
+        _CODE_DIGESTS[root] = hoststate.code_digest(root)
     try:
-        return hoststate.inputs_digest(list(names), list(values), _CODE_DIGESTS[playbook_dir],
+        return hoststate.inputs_digest(list(names), list(values), _CODE_DIGESTS[root],
                                        extra)
     except hoststate.HostStateError as exc:
         raise AnsibleFilterError(str(exc)) from exc
@@ -212,7 +218,7 @@ def state_digest(values, names, playbook_dir, extra=()):
 
 def state_published(plan, tunes):
     """gpufleet.hoststate.published_facts: what the state record keeps for later plays."""
-    from gpufleet import hoststate
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hoststate
 
     return hoststate.published_facts(plan, tunes)
 

@@ -9,7 +9,7 @@ parallelism, into fresh folders on the same disk:
 
 each timed until its bytes are on disk (`sync`), then times a re-run with verify=manifest on the fetched folder against verify=full.
 
-    .venv/bin/python tests/bench/bench_fetch.py [--gib 3] [--files 6] [--workers 8]
+    env PYTHONPATH=plugins/module_utils:tests .venv/bin/python tests/bench/bench_fetch.py [--gib 3] [--files 6] [--workers 8]
 
 Prints the throughputs, the ratios and whether the targets hold (ours >= hf download,
 >= 0.8 x curl; manifest re-verify under 1 s). Exit status 1 when a target is missed.
@@ -28,7 +28,6 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "module_utils"), str(ROOT / "tests")]
 
 from gpufleet import hub, hub_mirror  # noqa: E402
 from hfstub.nginxlab import Nginx, free_port, render_site_conf  # noqa: E402
@@ -121,10 +120,11 @@ def main():
                 subprocess.run(["sync"], check=True)
 
             def ours():
-                code = ("import sys; sys.path.insert(0, %r); from gpufleet import hub; "
+                code = ("from gpufleet import hub; "
                         "hub.sync_repo(hub.HubClient(%r), %r, 'main', %r, max_workers=%d)"
-                        % (str(ROOT / "module_utils"), url, REPO, str(dest), args.workers))
-                run([sys.executable, "-c", code])
+                        % (url, REPO, str(dest), args.workers))
+                run([sys.executable, "-c", code],
+                    env=dict(os.environ, PYTHONPATH=str(ROOT / "plugins/module_utils")))
 
             def hf_download():
                 env = dict(os.environ, HF_ENDPOINT=url, HF_HOME=str(work / "hf-home"),

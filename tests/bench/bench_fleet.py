@@ -19,7 +19,7 @@ the ControlPersist masters ssh leaves in the background), in all and per host; a
 ratios no-op / setup. A second table puts the no-op run beside the full one: what the
 state check saves, and how many hosts it skipped (the fleet table's "unchanged: skipped").
 
-    .venv/bin/python tests/bench/bench_fleet.py [--hosts 3,10,25] [--keep] [--no-full] [--mitogen]
+    env PYTHONPATH=plugins/module_utils:tests .venv/bin/python tests/bench/bench_fleet.py [--hosts 3,10,25] [--keep] [--no-full] [--mitogen]
 
 --mitogen also runs the no-op and setup with Mitogen's strategy (mitogen_linear), on the
 same hosts right after the plain ones, and prints its rows beside them: the alternative
@@ -43,7 +43,6 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 from labrun import skipped_hosts  # noqa: E402  (the one reader of the fleet table's skipped rows)
 
 FLEET = ROOT / ".cache" / "fleet"

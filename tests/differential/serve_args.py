@@ -6,7 +6,7 @@ Runs INSIDE the lab image (vllm 0.32.0; gpufleet/vllm-cpu:lab):
 Prints JSON: {"vllm_version": ..., "arguments": [{"dest", "flags"}, ...]} in the
 parser's order. tests/fixtures/vllm-args/serve-<version>.json is its recorded output;
 tests/slow/test_vllm_image.py runs it again and compares, so an argument a new vLLM adds
-fails there until module_utils/gpufleet/engine_args.py classifies it.
+fails there until plugins/module_utils/gpufleet/engine_args.py classifies it.
 """
 import importlib.metadata
 import json

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The lab's two Hugging Face mirrors on loopback, serving the lab's models.
 
-    .venv/bin/python tests/hfstub/lab_mirrors.py up [--olah-port 8091] [--site-port 8090]
-    .venv/bin/python tests/hfstub/lab_mirrors.py status
-    .venv/bin/python tests/hfstub/lab_mirrors.py down
+    env PYTHONPATH=plugins/module_utils:tests .venv/bin/python tests/hfstub/lab_mirrors.py up [--olah-port 8091] [--site-port 8090]
+    env PYTHONPATH=plugins/module_utils:tests .venv/bin/python tests/hfstub/lab_mirrors.py status
+    env PYTHONPATH=plugins/module_utils:tests .venv/bin/python tests/hfstub/lab_mirrors.py down
 
 `up` takes every model built by lab/models/build.sh (.cache/lab/models/<org>/<name>) and:
 1. puts it in a git repository with git-lfs (*.safetensors, *.bin, *.gguf) under
@@ -29,7 +29,6 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT / "module_utils"), str(ROOT / "tests")]
 
 from gpufleet import hub, hub_mirror  # noqa: E402
 from hfstub.nginxlab import render_site_conf, wait_http, write_main_conf  # noqa: E402

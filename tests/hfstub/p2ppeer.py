@@ -11,7 +11,6 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "module_utils"))
 
 from gpufleet import hub_mirror, p2p  # noqa: E402
 

@@ -14,12 +14,10 @@ their capacity gate); run alone, it brings a lab up and removes it afterwards:
 """
 import json
 import pathlib
-import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 
 from labrun import INVENTORY, key, sh  # noqa: E402
 

@@ -44,7 +44,7 @@ PLAYBOOK = """
     - name: Give the inner dockerd a network namespace of its own (the machine's docker0 stays)
       ansible.builtin.include_tasks: """ + str(ROOT / "molecule/shared/docker-private-network.yml") + """
   roles:
-    - role: container_toolkit
+    - role: gpufleet.fleet.container_toolkit
 """
 
 

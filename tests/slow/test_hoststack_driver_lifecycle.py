@@ -36,7 +36,7 @@ PLAYBOOK = """
   hosts: all
   gather_facts: true
   roles:
-    - role: nvidia_driver
+    - role: gpufleet.fleet.nvidia_driver
 """
 # A stand-in mokutil for the Secure Boot case (the container has no EFI): it prints what
 # the real `mokutil --sb-state` prints on a machine with Secure Boot enabled.

@@ -25,14 +25,11 @@ import pathlib
 import shutil
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
 from gpufleet import hub, hub_mirror
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub.badpeer import PSTR, BadPeer  # noqa: E402
 from hfstub.nginxlab import Nginx, free_port, render_site_conf  # noqa: E402
 from hfstub.server import HubStub, Repo  # noqa: E402
@@ -41,6 +38,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PEER = ROOT / "tests/hfstub/p2ppeer.py"
+# the peer script imports gpufleet (plain Python, system python3 with libtorrent)
+PEER_ENV = dict(os.environ, PYTHONPATH=str(ROOT / "plugins/module_utils"))
 SYS_PYTHON = "/usr/bin/python3"
 MODEL_BYTES = 4 << 20
 REPO = "lab/tiny-p2p"
@@ -101,7 +100,7 @@ class Swarm:
         proc = subprocess.Popen(
             [SYS_PYTHON, str(PEER), "peer", str(self.tmp / f"{name}.job.json"),
              str(self.tmp / f"{name}.result.json")],
-            stdout=log.open("w"), stderr=subprocess.STDOUT)
+            stdout=log.open("w"), stderr=subprocess.STDOUT, env=PEER_ENV)
         self.procs[name] = (proc, log)
         return proc
 
@@ -161,7 +160,7 @@ def swarm(tmp_path_factory):
     conf = render_site_conf(site, f"{MIRROR}:{port}", tmp / "conf.d")
     torrent = tmp / "model.torrent"
     made = subprocess.run([SYS_PYTHON, str(PEER), "make", str(mirror_folder), str(torrent)],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=True, env=PEER_ENV)
     facts = json.loads(made.stdout)
     listing = [{"path": f.path, "size": f.size, "algorithm": f.algorithm,
                 "digest": f.digest} for f in model["files"]]

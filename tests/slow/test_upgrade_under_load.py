@@ -37,7 +37,6 @@ import json
 import os
 import pathlib
 import re
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -45,7 +44,6 @@ import urllib.request
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 
 from labrun import INVENTORY, NEXT_IMAGE, key, sh, skipped_hosts  # noqa: E402
 from load.loadgen import Load  # noqa: E402
@@ -348,7 +346,7 @@ def test_a_second_site_run_changes_nothing(lab):
     assert skipped_hosts(out) == sorted(SERVING), (full_run_reasons(out), out[-4000:])
     assert "serving, answered (unchanged: skipped)" in out
     # no role ran on a skipped host (the 4090 is refused before the host stack)
-    assert "TASK [nvidia_driver :" not in out and "TASK [vllm_server : VLLM server | Plan" not in out
+    assert "TASK [gpufleet.fleet.nvidia_driver :" not in out and "TASK [gpufleet.fleet.vllm_server : VLLM server | Plan" not in out
 
     held = host_sh("lab-h200", "apt-mark showhold").split()
     assert held, "the lab run left no package held on lab-h200"
@@ -409,7 +407,7 @@ def test_control_replacing_without_the_gateway_drops_requests(lab, tmp_path):
     requests, or the zeros below prove nothing."""
     play = tmp_path / "replace.yml"
     play.write_text("- hosts: lab-h200\n  become: true\n  gather_facts: false\n"
-                    "  roles: [vllm_server]\n")
+                    "  roles: [gpufleet.fleet.vllm_server]\n")
     (rc, out), totals = under_load(DIRECT, lambda: playbook(
         str(play), {"vllm_server_models": chat_models(1536), "vllm_server_rolling_upgrade": True},
         limit="lab-h200"))
@@ -440,7 +438,7 @@ def args_checks(out):
     """The hosts, one entry per check, where vllm_server ran vLLM's argument check (a
     throwaway container of the image, about 45 s on this machine) in a playbook's output."""
     hosts = []
-    for part in out.split("TASK [vllm_server : VLLM server | Check the new arguments")[1:]:
+    for part in out.split("TASK [gpufleet.fleet.vllm_server : VLLM server | Check the new arguments")[1:]:
         hosts += re.findall(r"^ok: \[([^\]]+)\] => \(item=", part.split("\nTASK [", 1)[0], re.M)
     return hosts
 

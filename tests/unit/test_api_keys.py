@@ -1,4 +1,4 @@
-"""API keys and their rotation (issue #31 item 5): module_utils/gpufleet/serve.py
+"""API keys and their rotation (issue #31 item 5): plugins/module_utils/gpufleet/serve.py
 (accepted_keys, probe_key, key_digest, auth_config, key_cut, the keys file in the plan),
 grammar.api_key, the vllm_serve_plan refusal of a change that drops every key a running
 container accepts, and the filters the roles call. What vLLM does with the file is

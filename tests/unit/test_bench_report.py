@@ -1,9 +1,9 @@
-"""The benchmark run's folder (gpufleet.bench_report and library/vllm_bench_report.py):
+"""The benchmark run's folder (gpufleet.bench_report and plugins/modules/vllm_bench_report.py):
 raw results, CSV per instance, PNG plots, the self-contained HTML report, the knee facts.
 
 The points are built from tests/fixtures/bench/serve-c8-1000x512.json (real key
 structure, synthetic values) with a saturating curve whose knee is where the test puts
-it, plus one failed point, as library/vllm_bench returns them."""
+it, plus one failed point, as plugins/modules/vllm_bench returns them."""
 import base64
 import csv
 import io

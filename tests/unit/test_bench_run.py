@@ -1,5 +1,5 @@
 """Running the benchmark: the pure helpers gpufleet.bench adds for it (plan, argv, env,
-container inspection, GPU samples, knee facts) and library/vllm_bench.py's main() with a
+container inspection, GPU samples, knee facts) and plugins/modules/vllm_bench.py's main() with a
 fake docker client (stand-in for the Docker engine: it records what would run and answers
 with the saved results of tests/fixtures/bench)."""
 import io

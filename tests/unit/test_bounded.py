@@ -1,4 +1,4 @@
-"""Every read bounded, every wait with a deadline (module_utils/gpufleet/bounded.py).
+"""Every read bounded, every wait with a deadline (plugins/module_utils/gpufleet/bounded.py).
 
 Real peers on this machine: an HTTP server on 127.0.0.1 and a Unix-socket server (the
 stand-in for HAProxy's admin socket), each in a thread, that
@@ -490,7 +490,7 @@ def test_bench_result_archive_is_capped():
 
     _, error, _, peak = measure("vllm_bench result archive, 200 MB stream",
                                 lambda: vllm_bench._read_result(Container(), "/r/result.json"))
-    # vllm_bench has bounded.py as Ansible ships it (ansible.module_utils.gpufleet)
+    # vllm_bench has bounded.py as Ansible ships it (ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet)
     assert type(error).__name__ == "BoundError" and isinstance(error, ValueError)
     assert "the bench container's /r/result.json sent more than 16 MiB" in str(error)
     assert peak < 2 * vllm_bench.RESULT_MAX_BYTES

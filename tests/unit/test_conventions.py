@@ -9,7 +9,14 @@ from ansible.utils.plugin_docs import get_docstring
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROLES = sorted(p for p in (ROOT / "roles").iterdir() if (p / "tasks").is_dir())
-MODULES = sorted((ROOT / "library").glob("*.py"))
+MODULES = sorted((ROOT / "plugins" / "modules").glob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def fragments():
+    """The doc fragments as ansible-doc finds them: gpufleet.fleet.gpufleet.<name>, the
+    collection under collections/ (docs/collection.md; tests/conftest.py loaded it)."""
+    return fragment_loader
 
 
 def _spec_options(role):
@@ -72,7 +79,7 @@ def test_task_names_say_role_and_action(role):
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda p: p.stem)
-def test_module_documents_itself(module):
+def test_module_documents_itself(module, fragments):
     tree = ast.parse(module.read_text())
     consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
               for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
@@ -80,8 +87,7 @@ def test_module_documents_itself(module):
         assert block in consts, f"{module.name}: no {block}"
         assert yaml.safe_load(consts[block]), f"{module.name}: {block} is empty"
     # as ansible-doc reads it: with the fragments of plugins/doc_fragments merged in
-    fragment_loader.add_directory(str(ROOT / "plugins" / "doc_fragments"))
-    doc = get_docstring(str(module), fragment_loader, is_module=True)[0]
+    doc = get_docstring(str(module), fragments, is_module=True)[0]
     assert doc["module"] == module.stem
     attributes = doc.get("attributes", {})
     for attribute in ("check_mode", "diff_mode"):
@@ -94,7 +100,7 @@ class _SpecSeen(Exception):
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda p: p.stem)
-def test_documented_options_are_the_argument_spec(module, monkeypatch):
+def test_documented_options_are_the_argument_spec(module, monkeypatch, fragments):
     """DOCUMENTATION (fragments merged) and AnsibleModule's argument_spec name the same
     options with the same type, default, required and choices."""
     import importlib
@@ -108,8 +114,7 @@ def test_documented_options_are_the_argument_spec(module, monkeypatch):
     with pytest.raises(_SpecSeen) as seen:
         importlib.import_module(module.stem).main()
     spec = seen.value.args[0]
-    fragment_loader.add_directory(str(ROOT / "plugins" / "doc_fragments"))
-    options = get_docstring(str(module), fragment_loader, is_module=True)[0]["options"]
+    options = get_docstring(str(module), fragments, is_module=True)[0]["options"]
     assert set(options) == set(spec), f"{module.name}: documented vs argument_spec differ"
     for name, doc in options.items():
         code = spec[name]
@@ -126,8 +131,8 @@ def test_documented_options_are_the_argument_spec(module, monkeypatch):
 # References, defaults stated once, no pointers outside the repository
 # ---------------------------------------------------------------------------
 
-_SEARCHED = ("README.md", "docs", "roles", "library", "module_utils", "plugins", "playbooks",
-             "scripts", "lab", "molecule", "tests", "inventories", "site.yml")
+_SEARCHED = ("README.md", "docs", "roles", "plugins", "playbooks", "scripts", "lab", "molecule",
+             "tests", "inventories", "site.yml", "galaxy.yml", "meta")
 _TEXT = (".md", ".py", ".yml", ".yaml", ".sh", ".j2", ".cfg", ".ini")
 
 
@@ -175,7 +180,7 @@ def test_preflight_reads_the_other_roles_variables_and_site_yml_repeats_no_defau
         assert match, f"preflight's {own} should read {other}: {preflight[own]!r}"
         assert match.group(1) == _defaults(ROOT / "roles" / other_role)[other], (
             f"preflight's fallback for {other} differs from roles/{other_role}'s default")
-    site = (ROOT / "site.yml").read_text()
+    site = (ROOT / "playbooks" / "site.yml").read_text()
     assert "preflight_driver_branch" not in site and "preflight_vllm_image" not in site
 
 
@@ -232,7 +237,7 @@ def test_every_role_has_a_molecule_scenario():
         if role in ROLES_TESTED_THROUGH_OTHERS:
             for other in ROLES_TESTED_THROUGH_OTHERS[role]:
                 tasks = "\n".join(t.read_text() for t in (ROOT / "roles" / other / "tasks").glob("*.yml"))
-                assert f"name: {role}" in tasks, f"{other} does not include {role}"
+                assert f"name: gpufleet.fleet.{role}" in tasks, f"{other} does not include {role}"
                 assert (ROOT / "molecule" / other / "molecule.yml").is_file()
             continue
         scenario = ROOT / "molecule" / role / "molecule.yml"

@@ -1,5 +1,5 @@
 """Every `vllm serve` argument of vLLM 0.32.0 classified (issue #34 item 1,
-module_utils/gpufleet/engine_args.py), and the tuner acting on the class: a flag the
+plugins/module_utils/gpufleet/engine_args.py), and the tuner acting on the class: a flag the
 tuner or vllm_server sets, or whose memory the tuner does not model, is refused in
 extra_args with what to do; a flag the tuner reads changes its settings as it changes
 what vLLM runs with; every other flag is passed through.

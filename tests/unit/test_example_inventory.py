@@ -102,9 +102,13 @@ def _plays(path):
     for play in yaml.safe_load(path.read_text()):
         if "ansible.builtin.import_playbook" in play or "import_playbook" in play:
             target = play.get("ansible.builtin.import_playbook") or play["import_playbook"]
+            # gpufleet.fleet.<name>: the collection's playbooks/<name>.yml (this checkout)
+            if target.startswith("gpufleet.fleet."):
+                target = ROOT / "playbooks" / (target.removeprefix("gpufleet.fleet.") + ".yml")
             yield from _plays(path.parent / target)
             continue
-        roles = [r["role"] if isinstance(r, dict) else r for r in play.get("roles", [])]
+        roles = [(r["role"] if isinstance(r, dict) else r).removeprefix("gpufleet.fleet.")
+                 for r in play.get("roles", [])]
         yield str(path.relative_to(ROOT)), play.get("name", "?"), str(play["hosts"]), roles
 
 

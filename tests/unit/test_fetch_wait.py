@@ -1,5 +1,5 @@
 """Following an async job in one task (plugins/action/model_fetch_wait.py): its options and
-progress line (module_utils/gpufleet/fetch_wait.py), and real ansible-playbook runs
+progress line (plugins/module_utils/gpufleet/fetch_wait.py), and real ansible-playbook runs
 (connection local) that look at a job hundreds of times, against the task file that
 included itself once per report (roles/model_fetch/tasks/wait.yml until it was replaced)."""
 import json
@@ -111,10 +111,10 @@ def test_bad_options_not_a_mapping():
 
 
 def test_the_documented_options_are_the_ones_checked():
-    """library/model_fetch_wait.py's argument_spec is ARGUMENT_SPEC (test_conventions.py
+    """plugins/modules/model_fetch_wait.py's argument_spec is ARGUMENT_SPEC (test_conventions.py
     compares it with DOCUMENTATION); wait_options answers for exactly those names."""
     assert set(fw.wait_options({"jid": "j"})) == set(fw.ARGUMENT_SPEC)
-    text = (ROOT / "library" / "model_fetch_wait.py").read_text()
+    text = (ROOT / "plugins" / "modules" / "model_fetch_wait.py").read_text()
     assert "AnsibleModule(argument_spec=ARGUMENT_SPEC" in text
 
 
@@ -211,7 +211,7 @@ def test_one_task_follows_a_job_through_hundreds_of_looks(tmp_path):
       poll: 0
       register: long_job
     - name: Follow the long job
-      model_fetch_wait:
+      gpufleet.fleet.model_fetch_wait:
         jid: "{{{{ long_job.ansible_job_id }}}}"
         progress_path: "{progress}"
         label: org/tiny
@@ -225,7 +225,7 @@ def test_one_task_follows_a_job_through_hundreds_of_looks(tmp_path):
       poll: 0
       register: bad_job
     - name: Follow the job that fails
-      model_fetch_wait:
+      gpufleet.fleet.model_fetch_wait:
         jid: "{{{{ bad_job.ansible_job_id }}}}"
         delay: 0.05
       ignore_errors: true
@@ -235,18 +235,18 @@ def test_one_task_follows_a_job_through_hundreds_of_looks(tmp_path):
       poll: 0
       register: slow_job
     - name: Follow the job that outlives the wait
-      model_fetch_wait:
+      gpufleet.fleet.model_fetch_wait:
         jid: "{{{{ slow_job.ansible_job_id }}}}"
         delay: 0.2
         timeout: 1
       ignore_errors: true
     - name: Follow a job with a delay that is not a number
-      model_fetch_wait:
+      gpufleet.fleet.model_fetch_wait:
         jid: "{{{{ slow_job.ansible_job_id }}}}"
         delay: soon
       ignore_errors: true
     - name: Follow a job with a NaN timeout
-      model_fetch_wait:
+      gpufleet.fleet.model_fetch_wait:
         jid: "{{{{ slow_job.ansible_job_id }}}}"
         timeout: "{{{{ 'nan' | float }}}}"
       ignore_errors: true

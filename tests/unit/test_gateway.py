@@ -1,4 +1,4 @@
-"""Gateway logic (module_utils/gpufleet/gateway.py) and the vllm_gateway_plan /
+"""Gateway logic (plugins/module_utils/gpufleet/gateway.py) and the vllm_gateway_plan /
 vllm_gateway_stats modules' main().
 
 `show stat` texts under tests/fixtures/haproxy/ are REAL answers of Debian 12's haproxy

@@ -349,7 +349,7 @@ def test_the_roles_preflight_says_what_each_frontend_forwards_and_logs_no_key(in
     play = tmp_path / "play.yml"
     play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
                     "    - name: Preflight\n      ansible.builtin.include_role:\n"
-                    "        name: vllm_gateway\n        tasks_from: preflight\n")
+                    "        name: gpufleet.fleet.vllm_gateway\n        tasks_from: preflight\n")
     inventory = tmp_path / "hosts"
     inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={ROOT / '.venv/bin/python'}\n")
     rc, _, failures, _, output = run_playbook(inventory, play, "localhost", {

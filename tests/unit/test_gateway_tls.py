@@ -1,4 +1,4 @@
-"""TLS at the gateway (issue #32 item 2): module_utils/gpufleet/tls.py's checks of a
+"""TLS at the gateway (issue #32 item 2): plugins/module_utils/gpufleet/tls.py's checks of a
 certificate and its key, the names of a fleet-CA certificate, the rendered haproxy.cfg,
 and the role's preflight on the control node (the fleet CA made, files 0600/0700, a
 mismatched or expired pair refused, no key text in the run's output at -vvv).
@@ -147,7 +147,7 @@ def _run(tmp_path, extra, check=False):
     play = tmp_path / "play.yml"
     play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
                     "    - name: Preflight\n      ansible.builtin.include_role:\n"
-                    "        name: vllm_gateway\n        tasks_from: preflight\n")
+                    "        name: gpufleet.fleet.vllm_gateway\n        tasks_from: preflight\n")
     inventory = tmp_path / "hosts"
     inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={ROOT / '.venv/bin/python'}\n")
     base = {"vllm_gateway_instances_file": _instances(tmp_path), "vllm_gateway_api_keys": ["k" * 16],
@@ -393,7 +393,7 @@ def test_nothing_in_gpufleet_turns_certificate_verification_off():
 
     bad = re.compile(r"verify\s*=\s*False|validate_certs:\s*(false|no)|\.verify\s*=\s*False|CERT_NONE|"
                      r"_create_unverified_context|check_hostname\s*=\s*False")
-    found = [f"{p.relative_to(ROOT)}:{n}" for folder in ("library", "module_utils", "plugins", "roles", "playbooks")
+    found = [f"{p.relative_to(ROOT)}:{n}" for folder in ("plugins", "roles", "playbooks")
              for p in sorted((ROOT / folder).rglob("*")) if p.is_file() and p.suffix in (".py", ".yml", ".j2")
              for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if bad.search(line)]
     assert found == []

@@ -705,7 +705,7 @@ def test_module_documentation_is_yaml():
 
     doc = yaml.safe_load(gpu_facts.DOCUMENTATION)
     assert doc["module"] == "gpu_facts"
-    assert doc["extends_documentation_fragment"] == ["gpufleet.read_only"]  # check mode: full
+    assert doc["extends_documentation_fragment"] == ["gpufleet.fleet.gpufleet.read_only"]  # check mode: full
     assert doc["attributes"]["facts"]["support"] == "full"
     assert set(doc["options"]) == {"nvidia_smi_xml", "nvidia_smi_path", "sysfs_root",
                                    "sources"}

@@ -1,4 +1,4 @@
-"""module_utils/gpufleet/grammar.py: one grammar per input that reaches a generated
+"""plugins/module_utils/gpufleet/grammar.py: one grammar per input that reaches a generated
 configuration (issue #32 item 3), at every boundary that takes it: serve.plan and
 registry_entry (the fleet's list of serving instances), gateway.load_instances and
 plan_gateway (haproxy.cfg). The HAProxy configuration is rendered from the role's own
@@ -75,11 +75,11 @@ def test_good_ports():
 
 # --- one port rule --------------------------------------------------------------------------
 # The bound of a TCP port written as a number (65535, 65536, 2 ** 16, 1 << 16; not 0xffff,
-# which module_utils/gpufleet/gpu.py uses as a mask of PCI ids).
+# which plugins/module_utils/gpufleet/gpu.py uses as a mask of PCI ids).
 _PORT_BOUND = r"(?<![\w.])(?:6553[56]|2\s*\*\*\s*16|1\s*<<\s*16)(?![\w.])"
 # Where code, templates and role files live; the prose of docs/ and README may say the rule.
-_CODE = ("module_utils", "library", "plugins", "roles", "playbooks", "site.yml", "lab",
-         "scripts", "molecule", "inventories")
+_CODE = ("plugins", "roles", "playbooks", "site.yml", "lab", "scripts", "molecule",
+         "inventories")
 _CODE_SUFFIXES = (".py", ".yml", ".yaml", ".j2", ".sh", ".cfg", ".ini")
 
 
@@ -91,7 +91,7 @@ def _port_bound_copies(root):
     for top in _CODE:
         path = root / top
         for f in [path] if path.is_file() else sorted(path.rglob("*")) if path.is_dir() else []:
-            if not f.is_file() or f.suffix not in _CODE_SUFFIXES or f == root / "module_utils/gpufleet/grammar.py":
+            if not f.is_file() or f.suffix not in _CODE_SUFFIXES or f == root / "plugins/module_utils/gpufleet/grammar.py":
                 continue
             for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
                 if re.search(_PORT_BOUND, line):
@@ -103,25 +103,25 @@ def test_the_port_rule_is_written_once():
     """grammar.port is the one rule of what a TCP port is: serve, gateway, bench and the
     lab call it, roles check ports with it (gpufleet_bad_inputs) and keep argument_spec
     type int. A second copy of the bound is found here."""
-    assert (ROOT / "module_utils/gpufleet/grammar.py").read_text().count("65536") == 1
+    assert (ROOT / "plugins/module_utils/gpufleet/grammar.py").read_text().count("65536") == 1
     assert _port_bound_copies(ROOT) == []
 
 
 def test_control_a_second_copy_of_the_port_rule_is_found(tmp_path):
     """The scan above finds the copies the code had before grammar.port was the only one."""
-    for rel, line in (("module_utils/gpufleet/gateway.py", "    if not 0 < port < 65536:"),
+    for rel, line in (("plugins/module_utils/gpufleet/gateway.py", "    if not 0 < port < 65536:"),
                       ("roles/r/tasks/preflight.yml", "    that: r_port | int <= 65535"),
                       ("lab/fleet.py", "    if port_base + n >= 1 << 16:"),
                       ("playbooks/templates/x.j2", "{% if port < 2 ** 16 %}")):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(f"# a file\n{line}\n")
-    (tmp_path / "module_utils/gpufleet/grammar.py").write_text("if not 0 < int(text) < 65536:\n")
+    (tmp_path / "plugins/module_utils/gpufleet/grammar.py").write_text("if not 0 < int(text) < 65536:\n")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs/x.md").write_text("a port is 1-65535\n")  # prose: not a copy
     assert sorted(_port_bound_copies(tmp_path)) == [
         "lab/fleet.py:2: if port_base + n >= 1 << 16:",
-        "module_utils/gpufleet/gateway.py:2: if not 0 < port < 65536:",
         "playbooks/templates/x.j2:2: {% if port < 2 ** 16 %}",
+        "plugins/module_utils/gpufleet/gateway.py:2: if not 0 < port < 65536:",
         "roles/r/tasks/preflight.yml:2: that: r_port | int <= 65535"]
 
 
@@ -344,7 +344,7 @@ def test_the_monitoring_preflight_refuses_every_hostile_input_before_any_change(
     assert "Nothing was changed" in failures[0]
     rc, failures, _ = _preflight(tmp_path, "fleet_monitoring",
                                  {"fleet_monitoring_instances_file": str(instances)})
-    assert not any(f.startswith("fleet_monitoring : Fleet monitoring | Check the inputs") for f in failures), failures
+    assert not any(f.startswith("gpufleet.fleet.fleet_monitoring : Fleet monitoring | Check the inputs") for f in failures), failures
 
 
 # One hostile value per setting vllm_gateway writes into haproxy.cfg: a new section, a new
@@ -404,7 +404,7 @@ def test_the_gateway_preflight_refuses_every_hostile_input_before_any_change(tmp
             "vllm_gateway_api_keys": ["k" * 16]}
     rc, failures, changed = _preflight(tmp_path, "vllm_gateway", dict(base, **HOSTILE_GATEWAY))
     assert rc != 0 and changed == [] and len(failures) == 1, failures
-    assert failures[0].startswith("vllm_gateway : VLLM gateway | Check the inputs"), failures
+    assert failures[0].startswith("gpufleet.fleet.vllm_gateway : VLLM gateway | Check the inputs"), failures
     for name in HOSTILE_GATEWAY:
         assert f"{name} " in failures[0], (name, failures[0])
     rc, failures, _ = _preflight(tmp_path, "vllm_gateway", dict(

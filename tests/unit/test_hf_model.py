@@ -8,7 +8,6 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -16,8 +15,6 @@ import pytest
 import hf_model
 from gpufleet import hub
 from helpers import run_module
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub.server import HubStub, Repo  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -85,7 +82,7 @@ def test_module_bad_input_fails_clearly_and_writes_nothing(stub, tmp_path, monke
 
 def _ansible(module_args, env=None, **popen):
     cmd = [str(ROOT / ".venv/bin/ansible"), "localhost", "-i", "localhost,", "-c", "local",
-           "-e", f"ansible_python_interpreter={ROOT / '.venv/bin/python'}", "-m", "hf_model",
+           "-e", f"ansible_python_interpreter={ROOT / '.venv/bin/python'}", "-m", "gpufleet.fleet.hf_model",
            "-a", json.dumps(module_args), "-vvv"]
     full_env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), **(env or {}))
     return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
@@ -144,7 +141,7 @@ def test_kill_halfway_then_resume_downloads_less(tmp_path, monkeypatch):
     with HubStub([Repo("org/big", files)], throttle_bps=6 << 20) as s:
         a = {"repo_id": "org/big", "dest": str(dest), "endpoint": s.url}
         proc = _ansible(a)
-        # a new commit is fetched into its own folder (module_utils/gpufleet/revisions.py)
+        # a new commit is fetched into its own folder (plugins/module_utils/gpufleet/revisions.py)
         incomplete = (tmp_path / ".gpufleet-revisions" / "m" / s.repos["org/big"].commit
                       / ".gpufleet" / "incomplete")
         deadline = time.monotonic() + 60
@@ -247,7 +244,7 @@ def test_model_fetch_role_async_progress_modes_and_rerun(tmp_path):
 - hosts: localhost
   gather_facts: false
   roles:
-    - role: model_fetch
+    - role: gpufleet.fleet.model_fetch
       vars:
         model_fetch_models: [{{repo_id: org/tiny}}]
         model_fetch_root: "{root}"

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import pathlib
-import sys
 
 import pytest
 
@@ -18,8 +17,6 @@ import hf_model
 import hf_model_lock
 from gpufleet import hub, model_lock
 from helpers import run_module
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub.server import HubStub, Repo  # noqa: E402
 
 REPO = "org/tiny"

@@ -1,5 +1,5 @@
 """The state record that lets site.yml skip an unchanged host in one round trip (issue 12
-item 4): gpufleet.hoststate observes and compares, library/host_state.py checks and
+item 4): gpufleet.hoststate observes and compares, plugins/modules/host_state.py checks and
 records. Drift must send the host through the full run: a hand edit of daemon.json, a
 removed hold (dpkg's status file), a new repository file, a stopped container, a truncated
 model file, a GPU gone, a reboot, a changed input."""
@@ -276,7 +276,7 @@ def test_every_gpu_play_after_the_state_play_skips_unchanged_hosts_first():
     ends the play for a skipped host before anything else, facts gathering included."""
     import yaml
 
-    plays = yaml.safe_load((ROOT / "site.yml").read_text())
+    plays = yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())
     assert plays[0]["name"].startswith("State | Skip") and plays[0]["hosts"] == "gpu_hosts"
     gpu_plays = [p for p in plays[1:] if "hosts" in p and p["hosts"].startswith("gpu_hosts")]
     assert len(gpu_plays) == 6, [p["name"] for p in gpu_plays]
@@ -284,7 +284,7 @@ def test_every_gpu_play_after_the_state_play_skips_unchanged_hosts_first():
         assert "gpufleet_state" not in play["hosts"], play["name"]
         assert play.get("gather_facts") is False, play["name"]
         first = play["pre_tasks"][0]
-        assert first["ansible.builtin.import_tasks"] == "playbooks/tasks/skip-unchanged.yml", play["name"]
+        assert first["ansible.builtin.import_tasks"] == "tasks/skip-unchanged.yml", play["name"]
     skip = yaml.safe_load((ROOT / "playbooks/tasks/skip-unchanged.yml").read_text())
     assert skip[0]["ansible.builtin.meta"] == "end_host"
     assert "gpufleet_state_unchanged" in skip[0]["when"]

@@ -1,4 +1,4 @@
-"""Host stack logic (module_utils/gpufleet/hoststack.py) and its two modules.
+"""Host stack logic (plugins/module_utils/gpufleet/hoststack.py) and its two modules.
 
 Distribution paths that cannot run on these machines (Ubuntu 22.04/24.04, RHEL/Rocky 9)
 are checked here: repository URLs, package names and streams. GPU inputs are real

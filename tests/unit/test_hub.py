@@ -16,8 +16,6 @@ import time
 import pytest
 
 from gpufleet import hub
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub.faultproxy import ALL_FAULTS, FaultProxy  # noqa: E402
 from hfstub.server import HubStub, Repo, git_blob_sha1  # noqa: E402
 
@@ -471,7 +469,6 @@ def test_disk_write_error_fails_at_once_naming_the_file(stub, files, tmp_path):
     name = "model-00001.safetensors"
     code = f"""
 import resource, signal, sys
-sys.path.insert(0, {str(pathlib.Path(hub.__file__).parent.parent)!r})
 from gpufleet import hub
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
@@ -481,8 +478,9 @@ try:
 except hub.HubError as exc:
     print(exc)
 """
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(hub.__file__).parent.parent))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, env=env)
     assert name in out.stdout and "File too large" in out.stdout, out.stdout + out.stderr
     assert len(stub.requests_for("/lfs-cdn/")) == 1  # not retried
     assert not (tmp_path / name).exists()

@@ -10,7 +10,6 @@ import json
 import os
 import pathlib
 import re
-import sys
 import threading
 import time
 import tracemalloc
@@ -21,8 +20,6 @@ import pytest
 import hf_model
 from gpufleet import hub, hub_mirror
 from helpers import run_module
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub.faultproxy import FaultProxy  # noqa: E402
 from hfstub.server import HostileServer, HubStub, Repo, git_blob_sha1  # noqa: E402
 

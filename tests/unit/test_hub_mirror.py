@@ -8,7 +8,6 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 import requests
@@ -17,8 +16,6 @@ import hf_mirror_index
 import hf_model
 from gpufleet import hub, hub_mirror
 from helpers import run_module
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub.server import HubStub, Repo, git_blob_sha1  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -119,7 +116,7 @@ def _playbook(tmp_path, folder, port):
 - hosts: localhost
   gather_facts: false
   roles:
-    - role: hf_site_mirror
+    - role: gpufleet.fleet.hf_site_mirror
       vars:
         hf_site_mirror_models: [{{path: "{folder}"}}]
         hf_site_mirror_root: "{tmp_path / 'site'}"

@@ -16,15 +16,12 @@
 import hashlib
 import os
 import pathlib
-import sys
 import threading
 import time
 
 import pytest
 
 from gpufleet import hub
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub import server as hfserver  # noqa: E402
 from hfstub.server import HubStub, Repo  # noqa: E402
 

@@ -1,17 +1,15 @@
 """The vLLM release an image runs, read from the image (gpufleet.serve.image_vllm_version,
-library/vllm_image_version): the tuner's flags and KV arithmetic follow it, not the tag nor
+plugins/modules/vllm_image_version): the tuner's flags and KV arithmetic follow it, not the tag nor
 a second setting (#33: the version was written apart from the image). The real image is
 read in tests/slow/test_vllm_image.py; here the docker SDK is a STAND-IN (FakeEngine)
 that returns the probe's output."""
 import pathlib
-import sys
 
 import pytest
 
 from gpufleet import serve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 from helpers import run_module  # noqa: E402
 
 

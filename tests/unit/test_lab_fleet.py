@@ -3,15 +3,15 @@ the link to its settings, the one connection file of both labs) and tests/bench/
 the sizes it takes)."""
 import importlib.util
 import os
-import sys
 
 import pytest
 import yaml
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "lab"))
-import fleet  # noqa: E402
+_spec = importlib.util.spec_from_file_location("fleet", ROOT / "lab" / "fleet.py")
+fleet = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fleet)
 
 _spec = importlib.util.spec_from_file_location("bench_fleet", ROOT / "tests" / "bench" / "bench_fleet.py")
 bench = importlib.util.module_from_spec(_spec)

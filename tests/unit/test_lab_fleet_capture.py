@@ -1,6 +1,6 @@
 """Tests of lab/fleet_capture.py: multi-GPU `nvidia-smi -q -x` documents derived from a
 real single-GPU capture for the simulated lab (tests/fixtures/nvidia-smi, SOURCES.md)."""
-import sys
+import importlib.util
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -8,8 +8,10 @@ import pytest
 from conftest import FIXTURES, ROOT
 from gpufleet import gpu
 
-sys.path.insert(0, str(ROOT / "lab"))
-from fleet_capture import fleet_capture  # noqa: E402
+_spec = importlib.util.spec_from_file_location("fleet_capture", ROOT / "lab" / "fleet_capture.py")
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+fleet_capture = _module.fleet_capture
 
 CAPTURES = FIXTURES / "nvidia-smi"
 
@@ -20,7 +22,7 @@ def _capture(name):
 
 def test_fleet_capture_lives_in_the_lab_not_in_module_utils():
     assert not hasattr(gpu, "fleet_capture")
-    assert "fleet_capture" not in (ROOT / "module_utils/gpufleet/gpu.py").read_text()
+    assert "fleet_capture" not in (ROOT / "plugins/module_utils/gpufleet/gpu.py").read_text()
 
 
 def test_fleet_capture_two_a100_on_r550():

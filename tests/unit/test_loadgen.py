@@ -2,11 +2,8 @@
 good stream (issue #31 item 10: a stream cut mid-way is a failed request)."""
 import json
 import pathlib
-import sys
 
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from load.loadgen import Load, check_completion, check_stream  # noqa: E402
 

@@ -5,7 +5,6 @@ preflight, before any change, and the role hands it to hf_model.
 The hubs are tests/hfstub/server.py's HubStub (STAND-INs on 127.0.0.1); the hostile one
 serves a swapped weights file under the trusted commit with a listing that matches it."""
 import pathlib
-import sys
 
 import pytest
 
@@ -14,8 +13,6 @@ from gpufleet import model_lock
 from gpufleet.model_lock import resolve_locks
 from helpers import run_playbook, run_role_preflight
 from test_hf_model_lock import EVIL_WEIGHTS, LOCK, REPO, TRUSTED_REPO, hostile
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub.server import HubStub  # noqa: E402
 
 
@@ -78,7 +75,7 @@ def _role_check_run(tmp_path, stub, **extra):
     inventory.write_text(f"all:\n  hosts:\n    h:\n      ansible_connection: local\n"
                          f"      ansible_python_interpreter: {ROOT / '.venv/bin/python'}\n")
     playbook = tmp_path / "play.yml"
-    playbook.write_text("- hosts: h\n  gather_facts: false\n  roles: [model_fetch]\n")
+    playbook.write_text("- hosts: h\n  gather_facts: false\n  roles: [gpufleet.fleet.model_fetch]\n")
     return run_playbook(inventory, playbook, "h", {
         "model_fetch_models": [{"repo_id": REPO}], "model_fetch_root": str(tmp_path / "models"),
         "model_fetch_endpoint": stub.url, "model_fetch_create_group": False,

@@ -6,16 +6,15 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 
 from gpufleet import hub, hub_mirror, p2p
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub.server import HubStub, Repo, git_blob_sha1  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# the peer script imports gpufleet (plain Python, system python3 with libtorrent)
+PEER_ENV = dict(os.environ, PYTHONPATH=str(ROOT / "plugins/module_utils"))
 COMMIT = "a" * 40
 
 
@@ -231,7 +230,7 @@ def _sys_libtorrent():
 
 def _make(folder, out):
     r = subprocess.run(["/usr/bin/python3", str(ROOT / "tests/hfstub/p2ppeer.py"), "make",
-                        str(folder), str(out)], capture_output=True, text=True)
+                        str(folder), str(out)], capture_output=True, text=True, env=PEER_ENV)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 
@@ -266,6 +265,6 @@ def test_make_refuses_a_folder_changed_since_it_was_verified(tmp_path):
     (tmp_path / "t/w.bin").write_bytes(b"y" * 1000)
     r = subprocess.run(["/usr/bin/python3", str(ROOT / "tests/hfstub/p2ppeer.py"), "make",
                         str(tmp_path / "t"), str(tmp_path / "x.torrent")],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=PEER_ENV)
     assert r.returncode != 0 and "changed since it was verified" in r.stderr
     assert not (tmp_path / "x.torrent").exists()

@@ -91,11 +91,11 @@ def _role_args(tmp_path, inventory):
   gather_facts: false
   tasks:
     - name: Test | Gather GPU facts as the role's preflight does
-      gpu_facts:
+      gpufleet.fleet.gpu_facts:
         nvidia_smi_xml: "{XML}"
     - name: Test | Choose settings with the role
       ansible.builtin.include_role:
-        name: vllm_server
+        name: gpufleet.fleet.vllm_server
         tasks_from: tune
     - name: Test | Show them
       ansible.builtin.debug:
@@ -156,7 +156,7 @@ def test_a_model_that_does_not_fit_is_printed_and_fails_the_host(tmp_path):
 
 def test_vllm_tune_is_called_from_one_task_file():
     calls = [str(p.relative_to(ROOT)) for top in ("roles", "playbooks")
-             for p in (ROOT / top).rglob("*.yml") if re.search(r"^\s*vllm_tune:", p.read_text(), re.M)]
+             for p in (ROOT / top).rglob("*.yml") if re.search(r"^\s*(gpufleet\.fleet\.)?vllm_tune:", p.read_text(), re.M)]
     assert calls == ["roles/vllm_server/tasks/tune.yml"]
 
 
@@ -178,11 +178,11 @@ def test_the_role_can_set_every_tuner_option():
     expert_parallel were missing: the role could not set them."""
     import re
 
-    doc = re.search(r'DOCUMENTATION = r"""(.*?)"""', (ROOT / "library/vllm_tune.py").read_text(),
+    doc = re.search(r'DOCUMENTATION = r"""(.*?)"""', (ROOT / "plugins/modules/vllm_tune.py").read_text(),
                     re.S).group(1)
     options = set(yaml.safe_load(doc)["options"])
     tasks = yaml.safe_load((ROOT / "roles/vllm_server/tasks/tune.yml").read_text())
-    mapped = next(t["vllm_tune"] for t in tasks if "vllm_tune" in t)
+    mapped = next(t["gpufleet.fleet.vllm_tune"] for t in tasks if "gpufleet.fleet.vllm_tune" in t)
     assert options - set(mapped) == {"gpu_facts", "model_config"}, options - set(mapped)
     assert not set(mapped) - options, set(mapped) - options
     for option, value in mapped.items():

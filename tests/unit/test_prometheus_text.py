@@ -1,4 +1,4 @@
-"""module_utils/gpufleet/prometheus_text.py: the one reader of Prometheus text (#33 item 7).
+"""plugins/module_utils/gpufleet/prometheus_text.py: the one reader of Prometheus text (#33 item 7).
 
 The pages below are what prometheus-client (the library vLLM exposes its metrics with)
 writes or accepts: label values holding '}', escaped quotes, backslashes and newlines,

@@ -1,5 +1,5 @@
 """The host's last-good record keeps no secret (issue #31 item 8) and is the host's own
-(issue #32 item 6): module_utils/gpufleet/redact.py (the rule), upgrade.build_record and
+(issue #32 item 6): plugins/module_utils/gpufleet/redact.py (the rule), upgrade.build_record and
 rollback_vars around it, and the module vllm_record writing and reading the file."""
 import json
 import os

@@ -38,7 +38,7 @@ def test_model_fetch_preflight_refuses_what_hf_model_refuses(tmp_path, repo_id):
     inventory.write_text(f"all:\n  hosts:\n    h:\n      ansible_connection: local\n"
                          f"      ansible_python_interpreter: {ROOT / '.venv/bin/python'}\n")
     playbook = tmp_path / "play.yml"
-    playbook.write_text("- hosts: h\n  gather_facts: false\n  roles: [model_fetch]\n")
+    playbook.write_text("- hosts: h\n  gather_facts: false\n  roles: [gpufleet.fleet.model_fetch]\n")
     rc, _, failures, _ = run_playbook(inventory, playbook, "h", {
         "model_fetch_models": [{"repo_id": "org/ok"}, {"repo_id": repo_id}],
         "model_fetch_root": str(tmp_path / "models"),

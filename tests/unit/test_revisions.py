@@ -1,19 +1,16 @@
-"""Model revisions side by side (module_utils/gpufleet/revisions.py, issue #31 item 6):
+"""Model revisions side by side (plugins/module_utils/gpufleet/revisions.py, issue #31 item 6):
 hf_model main() against tests/hfstub (a STAND-IN for a Hugging Face mirror on
 127.0.0.1), cut half-way by tests/hfstub/faultproxy.py (a TEST DOUBLE), and the pure
 decisions (pruning, mounts, hostile paths)."""
 import hashlib
 import os
 import pathlib
-import sys
 
 import pytest
 
 import hf_model
 from gpufleet import hub, revisions
 from helpers import run_module
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from hfstub.faultproxy import FaultProxy  # noqa: E402
 from hfstub.server import HubStub, Repo  # noqa: E402
 
@@ -321,12 +318,12 @@ def _role_pins(record, inventory_pins=None):
     pin = named["Fleet upgrade | Pin the recorded commits beside the inventory's"]
     fetch_yml = yaml.safe_load((root / "roles/model_fetch/tasks/fetch.yml").read_text())
     env = jinja2.Environment()
-    env.filters["gpufleet_record_commits"] = upgrade.record_commits
+    env.filters["gpufleet.fleet.gpufleet_record_commits"] = upgrade.record_commits
     expr = pin["ansible.builtin.set_fact"]["__fleet_upgrade_pinned"].strip()
     assert expr.startswith("{{") and expr.endswith("}}")
     pins = env.compile_expression(expr[2:-2])(__fleet_upgrade_pins={"record": record},
                                               model_fetch_revisions_pinned=inventory_pins or [])
-    passed = fetch_yml[0]["hf_model"]["revisions_pinned"]
+    passed = fetch_yml[0]["gpufleet.fleet.hf_model"]["revisions_pinned"]
     assert passed == "{{ model_fetch_revisions_pinned }}", passed
     return pins
 

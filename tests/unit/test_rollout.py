@@ -1,4 +1,4 @@
-"""module_utils/gpufleet/rollout.py and its modules (library/rollout_state.py,
+"""plugins/module_utils/gpufleet/rollout.py and its modules (plugins/modules/rollout_state.py,
 rollout_lock.py), and site.yml's refusal of a host a rollout left mid-change (#31)."""
 import json
 import multiprocessing
@@ -14,7 +14,6 @@ from gpufleet import rollout
 from helpers import run_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "library"))
 import rollout_lock  # noqa: E402
 import rollout_state  # noqa: E402
 
@@ -156,8 +155,7 @@ def _site_state_play(tmp_path, state):
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     (tmp_path / "ansible.cfg").write_text("[defaults]\n")
     env = dict(os.environ, ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"),
-               ANSIBLE_LIBRARY=str(ROOT / "library"), ANSIBLE_MODULE_UTILS=str(ROOT / "module_utils"),
-               ANSIBLE_FILTER_PLUGINS=str(ROOT / "plugins/filter"), ANSIBLE_FORCE_COLOR="0")
+               ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"), ANSIBLE_FORCE_COLOR="0")
     proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), "-i", "gpu-7,", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}", str(tmp_path / "play.yml")],
                           capture_output=True, text=True, env=env, timeout=120)

@@ -1,4 +1,4 @@
-"""Serving logic (module_utils/gpufleet/serve.py) and the vllm_ready / vllm_serve_plan /
+"""Serving logic (plugins/module_utils/gpufleet/serve.py) and the vllm_ready / vllm_serve_plan /
 vllm_args_check modules' main().
 
 Log texts under tests/fixtures/serve/ are real logs of the lab's vLLM CPU image

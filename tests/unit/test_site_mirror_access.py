@@ -60,7 +60,7 @@ def test_preflight_refuses_a_bad_address_or_network_before_anything(tmp_path, ov
     inventory.write_text(f"all:\n  hosts:\n    h:\n      ansible_connection: local\n"
                          f"      ansible_python_interpreter: {ROOT / '.venv/bin/python'}\n")
     playbook = tmp_path / "play.yml"
-    playbook.write_text("- hosts: h\n  gather_facts: false\n  roles: [hf_site_mirror]\n")
+    playbook.write_text("- hosts: h\n  gather_facts: false\n  roles: [gpufleet.fleet.hf_site_mirror]\n")
     rc, _, failures, changed = run_playbook(inventory, playbook, "h", {
         "hf_site_mirror_models": [{"path": str(tmp_path / "no-such-folder")}],
         "hf_site_mirror_root": str(tmp_path / "site"),

@@ -196,8 +196,9 @@ GPU_KV_BYTES = 16 * 1024 * 1024  # 8,192 blocks
 
 def one_batch_in_flight(monkeypatch):
     """The old rule: 1 x max_num_batched_tokens in flight (in the module's copy of
-    gpufleet.tune too, which vllm_tune imports as ansible.module_utils.gpufleet.tune)."""
-    for name in ("gpufleet.tune", "ansible.module_utils.gpufleet.tune"):
+    gpufleet.tune too, which vllm_tune imports as
+    ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.tune)."""
+    for name in ("gpufleet.tune", "ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.tune"):
         monkeypatch.setattr(importlib.import_module(name), "ASYNC_CONCURRENT_BATCHES", 1)
 
 

@@ -1,4 +1,4 @@
-"""Planning and gate logic of playbooks/upgrade.yml (module_utils/gpufleet/upgrade.py),
+"""Planning and gate logic of playbooks/upgrade.yml (plugins/module_utils/gpufleet/upgrade.py),
 and the modules vllm_probe, vllm_record and vllm_instances around it."""
 import http.server
 import json

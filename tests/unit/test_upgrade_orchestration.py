@@ -3,8 +3,10 @@
 The REAL playbook (its play keywords: serial from the plan, max_fail_percentage), the
 REAL fleet_upgrade role (batches, gates, change, rollback, the kept stop message) and the
 REAL filters run on local hosts. Only the role's collaborators are STAND-INS, written by
-this test into a temporary folder: the preflight, model_fetch, vllm_server and
-vllm_gateway roles and the vllm_record, vllm_probe and vllm_gateway_stats modules. Each
+this test into a stand-in collection gpufleet.fleet in a temporary folder (found first
+through ANSIBLE_COLLECTIONS_PATH; every other role, module and plugin in it is a link to
+the real one): the preflight, model_fetch, vllm_server and vllm_gateway roles and the
+vllm_record, vllm_probe and vllm_gateway_stats modules. Each
 stand-in says one line per call (a debug task: "STANDIN-EVENT HOST EVENT", read back from
 the run's output, so it costs the control node no module run), and fails where the
 inventory tells it to (a compatibility refusal, a failing probe gate).
@@ -38,7 +40,6 @@ import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 
 from load.loadgen import Load  # noqa: E402
 
@@ -59,7 +60,7 @@ STANDIN_ROLES = {
     "preflight/tasks/main.yml": [
         _log("compat"),
         {"name": "Stand-in | GPU facts (driver 580, the branch asked for: no driver change)",
-         "standin_gpu_facts": {}},
+         "gpufleet.fleet.standin_gpu_facts": {}},
         {"name": "Stand-in | Refuse where told",
          "ansible.builtin.fail": {"msg": "driver 535 supports CUDA 12.2 only"},
          "when": "inventory_hostname in standin_compat_refuse"},
@@ -319,15 +320,24 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), 
            fraction=0.5, play_keywords=None, kill_at="", image_gone=(), lose_at="", gateway=False):
     """Write the stand-ins, the fleet's instance list and the inventory; return a
     function that runs upgrade.yml (extra arguments are ansible-playbook's) and returns
-    (rc, output, events). The rollout state and lock are real (library/rollout_state.py,
-    rollout_lock.py) under tmp_path: state/<host>.json and rollout.lock."""
-    roles = tmp_path / "roles"
+    (rc, output, events). The rollout state and lock are real (plugins/modules/rollout_state.py,
+    rollout_lock.py) under tmp_path: state/<host>.json and rollout.lock.
+
+    The playbook calls gpufleet.fleet.<role or module>: the stand-ins live in a stand-in
+    collection, tmp_path/ansible_collections/gpufleet/fleet, the only gpufleet.fleet on
+    ANSIBLE_COLLECTIONS_PATH; what is not stood in there is a link to the real file."""
+    collection = tmp_path / "ansible_collections" / "gpufleet" / "fleet"
+    roles = collection / "roles"
     for rel, tasks in STANDIN_ROLES.items():
         path = roles / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(tasks, sort_keys=False))
-    library = tmp_path / "library"
-    library.mkdir()
+    library = collection / "plugins" / "modules"
+    library.mkdir(parents=True)
+    for sub in ("filter", "action", "module_utils", "doc_fragments"):
+        (collection / "plugins" / sub).symlink_to(ROOT / "plugins" / sub)
+    for sub in ("playbooks", "meta"):
+        (collection / sub).symlink_to(ROOT / sub)
     config = tmp_path / "standin.json"
     config.write_text(json.dumps({"hosts": list(hosts), "probe_fail": list(probe_fail),
                                   "image_gone": list(image_gone)}))
@@ -336,6 +346,12 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), 
             continue  # the real modules, against the real HAProxy and the stand-in vLLM
         (library / f"{name}.py").write_text(STANDIN_MODULE % {
             "options": options, "config": str(config), "body": body.strip("\n")})
+    for real in sorted((ROOT / "plugins" / "modules").glob("*.py")):
+        if not (library / real.name).exists():
+            (library / real.name).symlink_to(real)
+    for real in sorted((ROOT / "roles").iterdir()):
+        if not (roles / real.name).exists():
+            (roles / real.name).symlink_to(real)
     serving = [h for h in hosts if h not in serves_nothing]
     instances = [{"targets": [f"{h}:8000"], "labels": {"host": h, "served_model_name": "chat"}}
                  for h in serving]
@@ -383,10 +399,7 @@ def _fleet(tmp_path, hosts, serves_nothing=(), compat_refuse=(), probe_fail=(), 
         # code digest of site.yml's state check for a lab run beside this test (CI stop 38)
         playbook = tmp_path / "upgrade-control.yml"
         playbook_text = yaml.safe_dump(plays, sort_keys=False)
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=f"{roles}:{ROOT / 'roles'}",
-               ANSIBLE_LIBRARY=f"{library}:{ROOT / 'library'}",
-               ANSIBLE_MODULE_UTILS=str(ROOT / "module_utils"),
-               ANSIBLE_FILTER_PLUGINS=str(ROOT / "plugins" / "filter"),
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(tmp_path),
                ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOWS="1",
                ANSIBLE_FORKS="10", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
                # the stand-ins read no fact but the GPU's: the play's fact gathering stays minimal

@@ -18,11 +18,9 @@ import os
 import pathlib
 import random
 import signal
-import sys
 import threading
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests"))
 
 from hfstub.server import HubStub, Repo  # noqa: E402
 

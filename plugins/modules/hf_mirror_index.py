@@ -1,0 +1,103 @@
+#!/usr/bin/python
+"""Ansible module hf_mirror_index: publish verified model folders as a static HF mirror tree."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: hf_mirror_index
+short_description: Publish model folders fetched by hf_model as a static Hugging Face mirror tree
+description:
+  - Reads each folder's verified manifest (C(.gpufleet/manifest.json), written by
+    M(gpufleet.fleet.hf_model)), checks every file still has its recorded size and mtime, and writes
+    under O(root) the API answers a hub client needs (repo info with siblings, recursive
+    tree listing with sha256/git blob sha1) and C(resolve) symlinks into the folders.
+  - Also writes nginx map files (C(root/nginx/etags.map), C(commits.map),
+    C(revisions.map)) so the web server answers with ETag, X-Repo-Commit and
+    X-Error-Code, and serves only the files the manifests list. No byte is copied.
+  - Used by the hf_site_mirror role; the web server configuration is the role's.
+options:
+  root:
+    description: Folder of the static site (C(www/) and C(nginx/) are created in it).
+    type: path
+    required: true
+  models:
+    description:
+      - Folders to publish. Each item has C(path) and optionally C(repo_id) (default
+        the manifest's repo id).
+    type: list
+    elements: dict
+    required: true
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Reports the paths that would change; writes nothing.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+author:
+  - gpufleet maintainers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Publish the fetched models
+  gpufleet.fleet.hf_mirror_index:
+    root: /srv/hf-mirror
+    models:
+      - path: /srv/models/Qwen2.5-7B-Instruct
+      - path: /srv/models/tiny
+        repo_id: lab/tiny
+"""
+
+RETURN = r"""
+changed:
+  description: True when a file or link of the site was written or removed.
+  returned: always
+  type: bool
+repos:
+  description: Published repos (repo_id, commit, revision, folder, files, bytes).
+  returned: success
+  type: list
+  elements: dict
+changed_paths:
+  description: Paths under root that were (or in check mode would be) written or removed.
+  returned: success
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import HubError
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub_mirror import build_site
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            root=dict(type="path", required=True),
+            models=dict(type="list", elements="dict", required=True),
+        ),
+        supports_check_mode=True,
+    )
+    try:  # ranges Ansible's types leave open (issue #32 item 9)
+        options.check(module.params, module.argument_spec)
+    except options.OptionError as exc:
+        module.fail_json(msg=str(exc))
+    try:
+        for item in module.params["models"]:
+            if not isinstance(item.get("path"), str) or not item["path"]:
+                raise HubError(f"models item {item!r} has no path: give "
+                               "{'path': FOLDER, 'repo_id': 'org/name'}.")
+        result = build_site(module.params["root"], module.params["models"],
+                            check_mode=module.check_mode)
+    except HubError as exc:
+        module.fail_json(msg=str(exc))
+    except OSError as exc:  # root cannot be made or written: a path, a permission, a full disk
+        module.fail_json(msg=f"cannot publish under root {module.params['root']}: "
+                             f"{exc.strerror or exc}")
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
