@@ -1,6 +1,8 @@
 """Helpers for tests of module main() functions (ansible-core 2.19)."""
 import json
 import pathlib
+import shutil
+import subprocess
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
@@ -280,3 +282,18 @@ def pinning_lock(desc, repo_id="org/model"):
     files = {path: digest or "0" * 64
              for path, digest in (desc.get("python_files") or {}).items()}
     return {"repo_id": repo_id, "commit": "0" * 40, "files": files or {"config.json": "0" * 64}}
+
+
+def haproxy_path():
+    """Debian's HAProxy, or the test is skipped (a skip fails under GPUFLEET_NO_SKIP)."""
+    path = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    if not pathlib.Path(path).exists():
+        pytest.skip("no haproxy (scripts/setup.sh installs Debian's)")
+    return path
+
+
+def start_haproxy(config, log):
+    """HAProxy master-worker in the foreground on `config`, its messages to file `log`;
+    the caller stops it (terminate, wait)."""
+    return subprocess.Popen([haproxy_path(), "-W", "-db", "-f", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=pathlib.Path(log).open("w"))

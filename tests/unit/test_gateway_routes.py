@@ -12,9 +12,7 @@ the real HAProxy in front of two stand-in instances that serve vLLM 0.32.0's own
 import http.server
 import json
 import pathlib
-import shutil
 import socket
-import subprocess
 import threading
 import time
 import urllib.error
@@ -297,9 +295,9 @@ def _status(port, path, key=KEY):
 
 @pytest.mark.parametrize("read_routes", [True, False], ids=["from-openapi", "control-allowlist-only"])
 def test_haproxy_forwards_each_model_only_the_routes_its_image_serves(instance, tmp_path, read_routes):
-    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    if not pathlib.Path(haproxy).exists():
-        pytest.skip("no haproxy (scripts/setup.sh installs Debian's)")
+    from helpers import haproxy_path, start_haproxy
+
+    haproxy_path()
     chat, embed = instance(), instance(POOLING)
     fronts = {"chat": _closed_port(), "embed": _closed_port()}
     plan = gateway.plan_gateway(gateway.load_instances(_fleet(chat["port"], embed["port"])),
@@ -309,8 +307,7 @@ def test_haproxy_forwards_each_model_only_the_routes_its_image_serves(instance, 
     text = _render(plan, tmp_path, _closed_port())
     (tmp_path / "api-keys").write_text(KEY + "\n")
     (tmp_path / "haproxy.cfg").write_text(text)
-    proc = subprocess.Popen([haproxy, "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
-                            stdout=subprocess.DEVNULL, stderr=(tmp_path / "haproxy.log").open("w"))
+    proc = start_haproxy(tmp_path / "haproxy.cfg", tmp_path / "haproxy.log")
     try:
         deadline = time.monotonic() + 20
         while True:

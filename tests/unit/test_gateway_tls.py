@@ -278,14 +278,12 @@ def _backend_states(tmp_path, verify="required"):
     in front of two TLS backends: `fleet` (a certificate the fleet's CA signed) and
     `rogue` (another CA's). Returns ({server: status} once both are checked, the backends
     that answered 6 keyed requests, HAProxy's check_status per server)."""
-    import shutil
-    import subprocess
     import time
     import urllib.request
 
-    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    if not pathlib.Path(haproxy).exists():
-        pytest.skip("no haproxy (scripts/setup.sh installs Debian's)")
+    from helpers import haproxy_path, start_haproxy
+
+    haproxy_path()
     for name in ("fleet", "rogue"):
         _ca_and_leaf(tmp_path, name)
     ports = {name: _tls_backend(tmp_path, name) for name in ("fleet", "rogue")}
@@ -303,8 +301,7 @@ def _backend_states(tmp_path, verify="required"):
     assert f" ssl verify required ca-file {tmp_path}/fleet-ca.crt check-ssl" in text
     (tmp_path / "keys").write_text("k" * 16 + "\n")
     (tmp_path / "haproxy.cfg").write_text(text.replace("verify required", f"verify {verify}"))
-    proc = subprocess.Popen([haproxy, "-W", "-db", "-f", str(tmp_path / "haproxy.cfg")],
-                            stdout=subprocess.DEVNULL, stderr=(tmp_path / "haproxy.log").open("w"))
+    proc = start_haproxy(tmp_path / "haproxy.cfg", tmp_path / "haproxy.log")
     try:
         deadline = time.monotonic() + 20
         # Until each server's first check has finished (HAProxy starts them UP) and its
