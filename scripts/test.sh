@@ -123,7 +123,7 @@ cat "$images_log"
 # against a systemd container, as a scenario is): at CI stop 18 the slow tests without
 # the lab took about 1,440 s and the Molecule scenarios about 950 s, the driver
 # lifecycle file about 260 s of the 1,440.
-# The fetch wait's 300-poll playbook tests (about 4 minutes of one core) go there too, so the
+# The fetch wait's 500-poll playbook tests (about 4 minutes of one core) go there too, so the
 # rollout orchestration tests (tests/unit/test_upgrade_orchestration.py, about 4 minutes)
 # and they add to both lanes alike.
 # Both lanes keep both cores busy: moving a file between them moves its CPU time with it
