@@ -1,11 +1,49 @@
 """gpufleet's decisions as plain Python (no Ansible imports in this package).
 
-arch      the one compute capability -> architecture table and parser
-gpu       GPU facts: NVML, `nvidia-smi -q -x`, the PCI bus; product tables
-cuda      driver / CUDA / architecture / image compatibility (NVIDIA_REQUIRE_CUDA)
-tune      vLLM serving settings from GPU facts and a model folder
-hub       Hugging Face mirror client: listing, verified parallel download, manifest
-prometheus_text  the one reader of Prometheus text (vLLM's /metrics), with prometheus-client
+The modules in plugins/modules/ and the filters in plugins/filter/ are thin shells around
+these files; tests/unit tests them directly (pytest.ini puts plugins/module_utils on the
+path, so `from gpufleet import tune` works without Ansible). One file per subject:
 
-The modules in plugins/modules/ are thin shells around these; tests/unit tests them directly.
+GPUs and the host stack
+  arch             the one compute capability -> architecture table and its parser
+  gpu              GPU facts: NVML, `nvidia-smi -q -x`, the PCI bus; product tables
+  cuda             driver / CUDA / architecture / image compatibility (NVIDIA_REQUIRE_CUDA)
+  hoststack        NVIDIA repositories, driver packages and versions, per distribution
+  hoststate        a host's state record: is it exactly as its last full site.yml run left it
+
+Models and their weights
+  hub              Hugging Face hub or mirror client: listing, verified parallel download,
+                   manifest
+  hub_mirror       the site mirror: verified folders as a static tree nginx serves
+  revisions        model revisions side by side: one folder per commit, the served link
+  model_lock       a model's lock: commit and every file's sha256, pinned on the control node
+  p2p              peer-to-peer fan-out of verified folders (libtorrent), every file re-hashed
+  fetch_wait       the model fetch wait's options and progress line
+
+Tuning vLLM
+  model            a model's description (layers, heads, KV layout) from its config.json
+  tune             the memory arithmetic and the planner behind vllm_tune
+  deepseek_v4      DeepSeek-V4's KV cache as vLLM 0.32.0 plans it
+  speculative      speculative decoding (EAGLE, MTP, n-gram) as vLLM 0.32.0 sizes it
+  engine_args      every `vllm serve` argument, classified (read, refused, passed through)
+
+Serving, the gateway, rollouts
+  serve            containers to run, the readiness gate, log diagnosis, the instance list
+  gateway          HAProxy backends, routes read from /openapi.json, server states
+  tls              certificate and key checks, names a fleet-CA certificate holds
+  upgrade          batches, gates, the last-good record and its rollback
+  rollout          a rollout's durable state on each host, the fleet-wide lock
+  redact           what in a model entry is a secret, and how it is kept out of files
+
+Benchmarks
+  bench            the matrix to run and what `vllm bench serve` results say (knee, cliff)
+  bench_report     the run folder: raw results, CSV, plots, HTML
+
+Shared rules
+  grammar          one grammar per input that reaches a configuration or a command line
+  options          ranges of module options beyond Ansible's types
+  bounded          bounded reads: a byte cap and an overall deadline on every answer
+  jsonfile         small JSON state files: owner and mode checked on read (NotPrivateError),
+                   written atomically
+  prometheus_text  the one reader of Prometheus text, with prometheus-client
 """
