@@ -57,6 +57,13 @@ def make_config(model_dir, tp, block_size, kv_dtype, max_model_len, *, async_sch
             enable_chunked_prefill=True),
         parallel_config=ParallelConfig(tensor_parallel_size=tp))
     vc.cache_config.block_size = block_size
+    # EngineArgs.create_engine_config (engine/arg_utils.py:2248-2254) gives CacheConfig
+    # the model's sliding_window when layer_types is absent or all sliding; Attention
+    # takes it for a layer its model file builds without a per-layer window
+    # (attention.py:265-273: Mistral, Phi-3, the Transformers backend...).
+    layer_types = getattr(mc.hf_text_config, "layer_types", None)
+    if layer_types is None or all(t == "sliding_attention" for t in layer_types):
+        vc.cache_config.sliding_window = mc.get_sliding_window()
     vc.scheduler_config.disable_hybrid_kv_cache_manager = False
     vc.scheduler_config.async_scheduling = async_sched
     vc.scheduler_config.max_num_batched_tokens = max_num_batched_tokens
