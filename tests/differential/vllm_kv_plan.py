@@ -1,8 +1,9 @@
 """What the tests/differential/ scripts share: a VllmConfig for one case and vLLM's own
 KV cache planning of a model's per-layer specs.
 
-Runs INSIDE the lab image (vllm 0.32.0), imported by deepseek_v4_vllm.py and
-gemma4_vllm.py (Python puts the script's folder on sys.path). Each script builds its
+Runs INSIDE the lab image (vllm 0.32.0), imported by deepseek_v4_vllm.py,
+gemma4_vllm.py, families_vllm.py and the others (Python puts the script's folder on
+sys.path). Each script builds its
 model's per-layer KV cache specs its own way; from there the arithmetic is vLLM's:
 resolve_kv_cache_layout from the layers' backends (as the engine core does),
 get_kv_cache_groups, get_kv_cache_configs, generate_scheduler_kv_cache_config,
