@@ -179,6 +179,20 @@ DEEPSEEK_V4_REFUSALS = (
     ("No common block size for", "No common block size for {block_size}"),
     ("only supports fp8 kv-cache", "only supports fp8 kv-cache"),
 )
+# A tensor-parallel size vLLM refuses (tests/differential/families_vllm.py records its
+# error): ModelConfig.verify_with_parallel_config ("Total number of attention heads
+# (n) must be divisible by tensor parallel size (tp)"), and the KV-head split the
+# model file's QKVParallelLinear asserts; the tuner's tune.tp_problem.
+TP_REFUSALS = (
+    ("must be divisible by tensor parallel size", "are not divisible by tensor parallel "
+     "size {tp}"),
+    # the model file's attention asserting the KV-head split (llama.py:151, 155, which
+    # phi3.py reuses): kv heads % tp when tp < kv heads, else tp % kv heads
+    ("assert self.total_num_kv_heads % tp_size == 0", "are not divisible by tensor "
+     "parallel size {tp}"),
+    ("assert tp_size % self.total_num_kv_heads == 0", "tensor parallel size {tp} is "
+     "neither a divisor nor a multiple"),
+)
 
 
 def _layout_groups(t, layout, desc):
@@ -196,8 +210,8 @@ def _layout_groups(t, layout, desc):
 
 def kv_plan_vs_vllm(recorded, refusals=()):
     """Compare gpufleet.tune with the JSON a tests/differential/ script printed
-    (deepseek_v4_vllm.py, gemma4_vllm.py): vLLM's own KV cache plan per model and
-    case. Returns (compared, refused, differences): numbers compared for equality,
+    (deepseek_v4_vllm.py, gemma4_vllm.py, families_vllm.py): vLLM's own KV cache plan
+    per model and case. Returns (compared, refused, differences): numbers compared for equality,
     combinations both refused for the same reason (`refusals`: (vLLM's phrase, the
     tuner's), e.g. DEEPSEEK_V4_REFUSALS), and one line per mismatch. A case's own
     max_num_batched_tokens / async_scheduling win over the document's."""
@@ -211,7 +225,9 @@ def kv_plan_vs_vllm(recorded, refusals=()):
     for key, entry in recorded["models"].items():
         cfg = json.loads((root / entry["config"]).read_text())
         desc = m.describe_config(cfg, weights_bytes=1)
-        limit = t.model_max_len(desc)
+        # the scripts record the length vLLM serves without --max-model-len, which is
+        # also the limit of its estimate (_estimate_max_model_len_from_groups)
+        limit = t.default_max_len(desc)
         if limit != entry["derived_max_model_len"]:
             diffs.append(f"{key}: max_model_len from config {limit} != vLLM's "
                          f"{entry['derived_max_model_len']}")
@@ -222,6 +238,9 @@ def kv_plan_vs_vllm(recorded, refusals=()):
             error = case.get("error", "")
             mnbt = case.get("max_num_batched_tokens", recorded.get("max_num_batched_tokens"))
             try:
+                problem = t.tp_problem(desc, case["tp"])
+                if problem:
+                    raise t.TuneError(problem)
                 layout = t.kv_layout(desc, case["tp"], case["block_size"],
                                      case["kv_cache_dtype"],
                                      async_sched=case.get("async_scheduling",

@@ -1,8 +1,9 @@
 """What the tests/differential/ scripts share: a VllmConfig for one case and vLLM's own
 KV cache planning of a model's per-layer specs.
 
-Runs INSIDE the lab image (vllm 0.32.0), imported by deepseek_v4_vllm.py and
-gemma4_vllm.py (Python puts the script's folder on sys.path). Each script builds its
+Runs INSIDE the lab image (vllm 0.32.0), imported by deepseek_v4_vllm.py,
+gemma4_vllm.py, families_vllm.py and the others (Python puts the script's folder on
+sys.path). Each script builds its
 model's per-layer KV cache specs its own way; from there the arithmetic is vLLM's:
 resolve_kv_cache_layout from the layers' backends (as the engine core does),
 get_kv_cache_groups, get_kv_cache_configs, generate_scheduler_kv_cache_config,
@@ -57,6 +58,13 @@ def make_config(model_dir, tp, block_size, kv_dtype, max_model_len, *, async_sch
             enable_chunked_prefill=True),
         parallel_config=ParallelConfig(tensor_parallel_size=tp))
     vc.cache_config.block_size = block_size
+    # EngineArgs.create_engine_config (engine/arg_utils.py:2248-2254) gives CacheConfig
+    # the model's sliding_window when layer_types is absent or all sliding; Attention
+    # takes it for a layer its model file builds without a per-layer window
+    # (attention.py:265-273: Mistral, Phi-3, the Transformers backend...).
+    layer_types = getattr(mc.hf_text_config, "layer_types", None)
+    if layer_types is None or all(t == "sliding_attention" for t in layer_types):
+        vc.cache_config.sliding_window = mc.get_sliding_window()
     vc.scheduler_config.disable_hybrid_kv_cache_manager = False
     vc.scheduler_config.async_scheduling = async_sched
     vc.scheduler_config.max_num_batched_tokens = max_num_batched_tokens

@@ -57,6 +57,12 @@ def test_falcon_7b_instruct_is_multi_query_one_kv_head():
     # one KV head is replicated, not split, across tensor-parallel ranks
     # (falcon.py:122-130: tp_size % total_num_kv_heads == 0, num_kv_heads = max(1, ...))
     assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 64 * 2
+    # falcon.py:173-180 builds Attention without cache_config, so its KV cache dtype is
+    # "auto" (attention.py:276-279): --kv-cache-dtype fp8 leaves 2-byte pages, as
+    # vLLM's own specs show (tests/fixtures/vllm-kv/families.json)
+    assert desc["kv_cache_dtype_ignored"] is True
+    assert t.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype="fp8")[
+        "per_token_layer_bytes"] == 2 * 64 * 2
     # control: without multi_query falcon.py:121 keeps one KV head per head (71)
     desc = m.describe_config(dict(cfg, multi_query=False), weights_bytes=1)
     assert desc["num_kv_heads"] == 71 and desc["attention"] == "mha"

@@ -40,8 +40,11 @@ def kinds(desc):
 
 
 def check_kv_bytes(desc, layers, kv_heads, head_size):
-    """Per-token KV bytes at TP 1: 16-bit and fp8, per layer and for the model."""
-    for kv_dtype, width in (("auto", 2), ("fp8", 1)):
+    """Per-token KV bytes at TP 1: 16-bit and fp8 (16-bit where the family's vLLM file
+    ignores --kv-cache-dtype: model.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES), per layer and
+    for the model."""
+    fp8 = 2 if desc["kv_cache_dtype_ignored"] else 1
+    for kv_dtype, width in (("auto", 2), ("fp8", fp8)):
         layout = t.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
         assert layout["per_token_layer_bytes"] == 2 * kv_heads * head_size * width
         assert layout["per_token_layer_bytes"] * layout["num_layers"] == \

@@ -229,6 +229,12 @@ CONFIG_DEFAULTS = {"mistral": {"sliding_window": 4096}}
 KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num",
                 "num_attention_groups")
 FALCON_MODEL_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
+# Families whose vLLM 0.32.0 model file builds its Attention without cache_config, so
+# the layer's KV cache dtype is "auto" whatever --kv-cache-dtype says
+# (layers/attention/attention.py:276-279): Falcon, falcon.py:173-180 and 189-195.
+# Found by tests/differential/families_vllm.py: with fp8 vLLM's pages stay 2 bytes
+# per element.
+KV_CACHE_DTYPE_IGNORED_MODEL_TYPES = ("falcon",)
 # Gemma 2 and Gemma 3 configs on the Hub predate `layer_types`: transformers 5.19's
 # Gemma2Config / Gemma3TextConfig write it at load time (configuration_gemma2.py
 # __post_init__: every 2nd layer full; configuration_gemma3.py: every
@@ -1121,6 +1127,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "native_pooling": native_pooling,
         "sentence_transformers": st_files,
         "attention": attention,
+        # --kv-cache-dtype has no effect on this family's cache (see the table)
+        "kv_cache_dtype_ignored": model_type in KV_CACHE_DTYPE_IGNORED_MODEL_TYPES,
         "num_layers": num_layers,
         "num_attention_heads": num_heads,
         "num_kv_heads": kv_heads,
@@ -1144,6 +1152,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         # a model folder's sentence-transformers max_seq_length (describe_model_dir)
         "sentence_max_seq_length": None,
         "rope_scaling": _rope_scaling(text, source),
+        # what vLLM serves by default for a longrope config (tune.default_max_len)
+        "original_max_position_embeddings": text.get("original_max_position_embeddings"),
         "torch_dtype": torch_dtype or "bfloat16",
         "torch_dtype_from_config": bool(torch_dtype),
         "moe": {"num_experts": num_experts,

@@ -249,6 +249,10 @@ def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
     _unified_page_layout).
     """
     num_layers = model["num_layers"]
+    if model.get("kv_cache_dtype_ignored"):
+        # the model file builds its layers without cache_config: "auto" whatever the
+        # flag says (model.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES)
+        kv_cache_dtype = "auto"
     if model["attention"] == "encoder_only":
         return {"per_token_layer_bytes": 0, "page_bytes": 0, "group_size": 0,
                 "groups": [], "bytes_per_block": 0, "block_size": block_size,
@@ -665,6 +669,20 @@ def model_max_len(model):
     if not factor or rope_type is None or rope_type in ROPE_TYPES_NOT_STRETCHED:
         return base
     return int(base * factor)
+
+
+def default_max_len(model):
+    """The max_model_len vLLM 0.32.0 serves when none is given (or -1, its auto-fit):
+    config/model.py:2621-2633 takes a longrope config's original_max_position_embeddings
+    ("to avoid performance degradation for shorter sequences"; Phi-3.5-MoE: 4,096 of
+    131,072), else model_max_len(). An explicit --max-model-len may still go up to
+    model_max_len(), and gpufleet always passes one, so its plans never rely on this
+    default; the differential check compares it (tests/differential/families_vllm.py)."""
+    rope = model.get("rope_scaling") or {}
+    original = model.get("original_max_position_embeddings")
+    if (rope.get("rope_type") or rope.get("type")) == "longrope" and original:
+        return int(original)
+    return model_max_len(model)
 
 
 def estimate_overhead_bytes(model, tp, max_num_batched_tokens, max_num_seqs, act_bytes,
