@@ -4,8 +4,12 @@
 # the checkout, and there run a user's own project (tests/collection/project: its own
 # ansible.cfg, inventory and playbook) that calls gpufleet.fleet.gpu_facts, cuda_compat,
 # vllm_tune and the role gpufleet.fleet.vllm_server in check mode; then ansible-doc of
-# every module from the installed copy. About 15-20 s; no docker, no network.
+# every module from the installed copy; then `ansible-test sanity` in the installed copy
+# (docs/collection.md, "ansible-test sanity"). About 10 s, then about 35 s of sanity tests;
+# no docker; the sanity tests' virtual environments, made once under ~/.ansible/test,
+# install from PyPI.
 #   scripts/collection-check.sh            (scripts/test.sh runs it beside the unit tests)
+#   GPUFLEET_SANITY=0 scripts/collection-check.sh  without ansible-test sanity
 #   GPUFLEET_KEEP=1 scripts/collection-check.sh   keeps the folder and says where
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -58,3 +62,10 @@ done
 ansible-doc --json gpufleet.fleet.cuda_compat | grep -q "\"filename\": \"$coll/" \
   || die "ansible-doc did not read the installed copy ($coll)"
 log "ok: ${#modules[@]} modules documented from $coll"
+
+[[ "${GPUFLEET_SANITY:-1}" == 0 ]] && exit 0
+log "ansible-test sanity, in the installed copy"
+ansible_test_ready   # scripts/lib.sh: its pip bootstrap, SANITY_PYTHON
+cd "$coll"
+ansible-test sanity --python "$SANITY_PYTHON" --color no
+log "ok: ansible-test sanity passed in $coll"

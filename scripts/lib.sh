@@ -111,3 +111,37 @@ molecule_tests() {
     molecule_test "$s"
   done
 }
+
+# ansible-test sanity (docs/collection.md, "ansible-test sanity") makes one virtual
+# environment per test under ~/.ansible/test/venv, kept and reused, and bootstraps pip in
+# each with get-pip, which it downloads from ci-files.testing.ansible.com (not reachable
+# from these machines) unless its cached copy is there: that copy is provided
+# (scripts/ansible-test-get-pip.py) when none is. Needs .venv/bin first on PATH.
+ansible_test_ready() {
+  local at_dir pip_version get_pip
+  at_dir=$(python3 -c 'import ansible_test, os; print(os.path.dirname(ansible_test.__file__))')
+  pip_version=$(sed -n "s/^ *pip='\([0-9.]*\)',\$/\1/p" "$at_dir/_internal/python_requirements.py")
+  [[ -n "$pip_version" ]] || die "no pip version found in $at_dir/_internal/python_requirements.py"
+  get_pip="$HOME/.ansible/test/cache/get_pip_${pip_version//./_}.py"
+  if [[ ! -s "$get_pip" ]]; then
+    mkdir -p "$(dirname "$get_pip")"
+    cp "$ROOT/scripts/ansible-test-get-pip.py" "$get_pip"
+  fi
+  SANITY_PYTHON=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+}
+
+# Make the sanity tests' virtual environments ahead (from PyPI; scripts/setup.sh does it
+# beside the base image's debootstrap). They depend only on the tests and the Python
+# version, so a collection tree holding only galaxy.yml serves (with no file at all,
+# ansible-test stops before it makes any).
+prime_sanity_venvs() {
+  local tree rc=0
+  ansible_test_ready
+  tree=$(mktemp -d /tmp/gpufleet-sanity-prime.XXXXXX)
+  mkdir -p "$tree/ansible_collections/gpufleet/fleet"
+  cp "$ROOT/galaxy.yml" "$tree/ansible_collections/gpufleet/fleet/"
+  (cd "$tree/ansible_collections/gpufleet/fleet" \
+     && ansible-test sanity --prime-venvs --python "$SANITY_PYTHON" --color no) || rc=$?
+  rm -rf "$tree"
+  return "$rc"
+}

@@ -2,7 +2,8 @@
 # Prepare this machine (Debian 12 / Ubuntu, as root) for gpufleet's lab and tests.
 # Idempotent: every step checks before it acts, so a second run takes seconds.
 #
-#   scripts/setup.sh            apt packages, Docker engine, .venv, offline base image
+#   scripts/setup.sh            apt packages, Docker engine, .venv, offline base image,
+#                               ansible-test sanity's virtual environments
 #   scripts/setup.sh venv       only the Python virtualenv
 #
 # Nothing here reaches anything but Debian's mirror and PyPI.
@@ -51,7 +52,15 @@ case "${1:-all}" in
     setup_apt
     start_dockerd
     setup_venv
+    # ansible-test sanity's virtual environments (scripts/collection-check.sh runs the
+    # tests; about 90 s of one core, from PyPI), made beside the base image's debootstrap,
+    # which waits on Debian's mirror: kept under ~/.ansible/test, so a second run finds them.
+    sanity_log=$(mktemp /tmp/gpufleet-sanity-venvs.XXXXXX)
+    (export PATH="$ROOT/.venv/bin:$PATH"; prime_sanity_venvs) > "$sanity_log" 2>&1 &
+    sanity_pid=$!
     build_base_image
+    wait "$sanity_pid" || { cat "$sanity_log" >&2; die "ansible-test sanity's virtual environments (above)"; }
+    rm -f "$sanity_log"
     ;;
   *) die "usage: scripts/setup.sh [all|venv]" ;;
 esac

@@ -317,7 +317,7 @@ def read_image_compat_libs(image, client=None):
     cid = api.create_container(image, command=["true"], network_disabled=True)["Id"]
     try:
         try:
-            chunks, _ = api.get_archive(cid, COMPAT_DIR + "/.")
+            chunks, _stat = api.get_archive(cid, COMPAT_DIR + "/.")
         except docker_errors.NotFound:
             return compat_libs_from_image(None)
         names, libcuda = [], None

@@ -192,6 +192,10 @@ attributes:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: partial
     details: The commit O(dest) points at, before and after (not the files).
+requirements:
+  - requests (the Python library, on the host the module runs on; Debian/Ubuntu
+    python3-requests, which the model_fetch role installs)
+  - PyYAML (optional; without it a lock file given as a path must be JSON)
 author:
   - gpufleet maintainers (!UNKNOWN)
 """

@@ -79,6 +79,8 @@ attributes:
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
+requirements:
+  - requests (the Python library, on the host the module runs on)
 author:
   - gpufleet maintainers (!UNKNOWN)
 """

@@ -142,7 +142,7 @@ def _run(module):
         path = module.get_bin_path(argv[0])
         if path is None:
             return 127, ""
-        rc, out, _ = module.run_command([path] + argv[1:])
+        rc, out, _err = module.run_command([path] + argv[1:])
         return rc, out
     return run
 

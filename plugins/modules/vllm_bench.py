@@ -222,18 +222,15 @@ seconds:
 
 import io
 import json
-import shutil
-import subprocess
 import tarfile
-import threading
 import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, open_url
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options, prometheus_text
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.bench import (
-    PREEMPTION_METRIC, PRESETS, BenchError, bench_env, bench_plan, bench_serve_command,
-    failed_point, goodput_flags, instance_from_inspect, is_loopback, parse_dmon,
+    PREEMPTION_METRIC, PRESETS, BenchError, GpuSampler, bench_env, bench_plan,
+    bench_serve_command, failed_point, goodput_flags, instance_from_inspect, is_loopback,
     percentile_flags, point_from_result, preemptions_from_metrics, split_target,
     summarise_gpu_samples)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.bounded import BoundError, join_capped, open_capped
@@ -254,92 +251,9 @@ RESULT_FILE = "result.json"
 RESULT_MAX_BYTES = 16 << 20
 
 
-class GpuSampler:
-    """GPU utilisation while a point runs: NVML (nvidia-ml-py) every `interval` seconds,
-    else `nvidia-smi dmon`; summary() says what was sampled, or why nothing was."""
-
-    def __init__(self, interval=1.0):
-        self.interval = interval
-        self.samples, self.source, self.tried = [], None, []
-        self._stop = threading.Event()
-        self._thread = self._proc = None
-
-    def start(self):
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-            if not count:
-                raise RuntimeError("NVML sees no GPU")
-            self.source = "nvml"
-            self._thread = threading.Thread(target=self._nvml, args=(pynvml, count), daemon=True)
-            self._thread.start()
-            return
-        except Exception as exc:  # ImportError, NVMLError: no driver, no GPU
-            self.tried.append(f"NVML: {exc or type(exc).__name__}")
-        smi = shutil.which("nvidia-smi")
-        if not smi:
-            self.tried.append("nvidia-smi: not found")
-            return
-        try:
-            self._proc = subprocess.Popen([smi, "dmon", "-s", "pum", "-d", str(int(self.interval))],
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        except OSError as exc:
-            self.tried.append(f"nvidia-smi dmon: {exc}")
-            return
-        self.source = "nvidia-smi dmon"
-        self._lines = []
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _nvml(self, pynvml, count):
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        while not self._stop.is_set():
-            for index, handle in enumerate(handles):
-                sample = {"index": index, "util": None, "mem_util": None, "fb_mib": None,
-                          "power_w": None}
-                try:
-                    rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
-                    sample.update(util=rates.gpu, mem_util=rates.memory)
-                    sample["fb_mib"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-                    sample["power_w"] = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
-                except Exception:  # a counter this GPU does not expose
-                    pass
-                self.samples.append(sample)
-            self._stop.wait(self.interval)
-
-    def _read(self):
-        for line in self._proc.stdout:
-            self._lines.append(line)
-
-    def summary(self):
-        self._stop.set()
-        reason = None
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.terminate()
-                try:
-                    self._proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-            if self._thread:
-                self._thread.join(timeout=5)
-            text = "".join(self._lines)
-            self.samples = parse_dmon(text)
-            if not self.samples:
-                self.tried.append(f"nvidia-smi dmon: exit {self._proc.returncode}: "
-                                  f"{text.strip()[-200:] or 'no output'}")
-        elif self._thread:
-            self._thread.join(timeout=5)
-        if not self.samples:
-            reason = ("no GPU on this host: no utilisation sampled"
-                      + (f" ({'; '.join(self.tried)})" if self.tried else ""))
-        return summarise_gpu_samples(self.samples, self.source if self.samples else None, reason)
-
-
 def _read_result(container, path):
     """The saved result (text) from the stopped container, or raise."""
-    stream, _ = container.get_archive(path)
+    stream, _stat = container.get_archive(path)
     data = join_capped(stream, RESULT_MAX_BYTES, f"the bench container's {path}",
                        "`vllm bench serve --save-result` writes a few KiB: check the "
                        "bench command (no --save-detailed) and the image.")

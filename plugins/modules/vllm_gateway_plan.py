@@ -58,11 +58,12 @@ options:
     type: bool
     default: true
   api_keys:
-    description: "Keys to send (as C(Authorization: Bearer <key>)) when C(/openapi.json) answers 401."
+    description:
+      - "Keys to send (as C(Authorization: Bearer <key>)) when C(/openapi.json) answers 401."
+      - Secret; the argument spec marks it C(no_log).
     type: list
     elements: str
     default: []
-    no_log: true
   ca_file:
     description:
       - CA certificate (PEM) on the host the module runs on; given, the instances are read over
@@ -129,7 +130,7 @@ def main():
             "frontends": {"type": "list", "elements": "dict", "required": True},
             "metrics_port": {"type": "int", "required": True},
             "routes": {"type": "list", "elements": "str"},
-            "keyless_paths": {"type": "list", "elements": "str", "default": []},
+            "keyless_paths": {"type": "list", "elements": "str", "default": [], "no_log": False},
             "read_routes": {"type": "bool", "default": True},
             "api_keys": {"type": "list", "elements": "str", "default": [], "no_log": True},
             "ca_file": {"type": "str", "default": ""},

@@ -182,7 +182,7 @@ def main():
         if cli is None:
             raise ValueError("neither the Python docker SDK nor the docker command is on the host: "
                              "cannot tell whether the record's image is there")
-        rc, _, err = module.run_command([cli, "image", "inspect", "--format", "{{.Id}}", image_id])
+        rc, _out, err = module.run_command([cli, "image", "inspect", "--format", "{{.Id}}", image_id])
         if rc != 0 and "No such image" not in err:
             raise ValueError(f"cannot ask the Docker engine for {image_id}: {err.strip()[:500]}")
         return rc == 0

@@ -416,6 +416,56 @@ def test_the_role_preflight_refuses_bad_goodput_before_any_point(tmp_path):
     assert not any("latency objectives" in f for f in failures), failures
 
 
+
+def _preflight_output_dir(tmp_path, inventory, extra):
+    """fleet_benchmark's preflight on the host gpu-1 (local): (rc, failures, the folder of
+    the run folders it chose, or None)."""
+    import re
+
+    from conftest import ROOT
+    from helpers import run_playbook
+
+    listing = tmp_path / "vllm.json"
+    listing.write_text("[]")
+    play = tmp_path / "play.yml"
+    play.write_text("- hosts: gpu-1\n  gather_facts: false\n  tasks:\n"
+                    "    - name: Preflight\n      ansible.builtin.include_role:\n"
+                    "        name: gpufleet.fleet.fleet_benchmark\n        tasks_from: preflight\n"
+                    "    - name: Say the folder\n      ansible.builtin.debug:\n"
+                    "        msg: \"OUTPUT_DIR={{ __fleet_benchmark_output_dir }}\"\n")
+    extra = dict(extra, fleet_benchmark_instances_file=str(listing), ansible_connection="local",
+                 ansible_python_interpreter=str(ROOT / ".venv/bin/python"))
+    rc, _, failures, _, out = run_playbook(inventory, play, "gpu-1", extra, with_output=True)
+    found = re.search(r'"OUTPUT_DIR=([^"]*)"', out)
+    return rc, failures, found.group(1) if found else None
+
+
+def test_the_run_folders_go_beside_the_inventory_not_into_the_collection(tmp_path):
+    """#33 item 1: with fleet_benchmark_output_dir empty the run folders went to
+    role_path/../../benchmarks, inside the collection once installed; now
+    <inventory folder>/benchmarks, and a host from no inventory file is refused before
+    any point runs, saying what to set."""
+    from conftest import ROOT
+
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts").write_text("gpu-1\n")
+    rc, failures, chosen = _preflight_output_dir(tmp_path, inv / "hosts", {})
+    assert rc == 0, failures
+    assert chosen == str(inv / "benchmarks")
+    assert not chosen.startswith(str(ROOT))
+
+    rc, failures, chosen = _preflight_output_dir(tmp_path, "gpu-1,", {})
+    assert rc != 0 and chosen is None and len(failures) == 1, failures
+    assert ("fleet_benchmark_output_dir is empty and gpu-1 comes from no inventory file"
+            in failures[0]), failures
+    assert "Nothing was run" in failures[0]
+
+    runs = tmp_path / "runs"
+    rc, failures, chosen = _preflight_output_dir(tmp_path, "gpu-1,",
+                                                 {"fleet_benchmark_output_dir": str(runs)})
+    assert rc == 0 and chosen == str(runs), failures
+
 # --- preemptions: vLLM's counter on /metrics, read before and after each point (#34 item 7)
 METRICS_PAGE = """# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
 # TYPE vllm:num_preemptions_total counter

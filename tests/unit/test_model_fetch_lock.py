@@ -127,3 +127,23 @@ def test_the_lock_playbook_writes_beside_the_inventory_what_the_role_reads(tmp_p
         rc, _, failures, _ = _role_check_run(tmp_path, stub,
                                              model_fetch_lock_dir=str(inv_dir / "locks"))
     assert rc != 0 and LOCK["files"]["model.safetensors"] in failures[0], failures
+
+
+def test_the_lock_playbook_without_an_inventory_folder_asks_for_model_lock_dir(tmp_path):
+    """#33 item 1: with no host of gpu_hosts and no localhost in an inventory file, the
+    locks went to playbook_dir/locks, inside the collection when run as
+    gpufleet.fleet.model_lock; now the run stops and names model_lock_dir, writing
+    nothing."""
+    inv_dir = tmp_path / "inv"
+    inv_dir.mkdir()
+    inventory = inv_dir / "hosts"
+    inventory.write_text("other ansible_connection=local\n")
+    locks = ROOT / "playbooks" / "locks"
+    assert not locks.exists()
+    rc, _, failures, _ = run_playbook(inventory, ROOT / "playbooks/model_lock.yml", "localhost",
+                                      {"model_lock_models": [{"repo_id": REPO}],
+                                       "model_lock_endpoint": "http://127.0.0.1:9"})
+    assert rc != 0 and len(failures) == 1, failures
+    assert "No folder for the locks" in failures[0] and "set model_lock_dir" in failures[0]
+    assert "Nothing was written" in failures[0]
+    assert not locks.exists() and not (inv_dir / "locks").exists()

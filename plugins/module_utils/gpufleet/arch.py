@@ -146,7 +146,7 @@ def architecture_facts(cc):
     """The ARCHITECTURES row of a compute capability, with `architecture`,
     `first_cuda` and `last_cuda_before` (the first toolkit without it, or None)."""
     name = architecture(cc)
-    _, first, gone = COMPUTE_CAPABILITIES[cc_text(cc)]
+    _arch_name, first, gone = COMPUTE_CAPABILITIES[cc_text(cc)]
     return dict(ARCHITECTURES[name], architecture=name, first_cuda=first,
                 last_cuda_before=gone)
 

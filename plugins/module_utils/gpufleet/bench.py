@@ -98,6 +98,9 @@ import json
 import math
 import os
 import re
+import shutil
+import subprocess
+import threading
 import warnings
 
 from . import grammar
@@ -106,6 +109,7 @@ from .prometheus_text import parse_metrics
 __all__ = [
     "BenchError",
     "BENCH_SERVE_FLAGS",
+    "GpuSampler",
     "PRESETS",
     "bench_env",
     "bench_plan",
@@ -739,7 +743,7 @@ def instance_from_inspect(attrs):
         devices += [str(d) for d in (request.get("DeviceIDs") or [])]
     env = {}
     for item in config.get("Env") or []:
-        name, _, value = str(item).partition("=")
+        name, _sep, value = str(item).partition("=")
         if name and not _SECRET_ENV.search(name):
             env[name] = value
     settings = {"tensor_parallel_size": int(flags.get("--tensor-parallel-size")
@@ -923,6 +927,92 @@ def summarise_gpu_samples(samples, source=None, reason=None):
                         "power_mean_w": stat([r.get("power_w") for r in rows],
                                              lambda v: sum(v) / len(v))})
     return {"sampled": True, "source": source, "reason": None, "devices": devices}
+
+
+# The sampler streams `nvidia-smi dmon` while a point runs (a Popen read by a thread):
+# Ansible's run_command waits for the command's end, so it cannot. It lives here, not in
+# the module (vllm_bench), which calls it.
+class GpuSampler:
+    """GPU utilisation while a point runs: NVML (nvidia-ml-py) every `interval` seconds,
+    else `nvidia-smi dmon`; summary() says what was sampled, or why nothing was."""
+
+    def __init__(self, interval=1.0):
+        self.interval = interval
+        self.samples, self.source, self.tried = [], None, []
+        self._stop = threading.Event()
+        self._thread = self._proc = None
+
+    def start(self):
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            if not count:
+                raise RuntimeError("NVML sees no GPU")
+            self.source = "nvml"
+            self._thread = threading.Thread(target=self._nvml, args=(pynvml, count), daemon=True)
+            self._thread.start()
+            return
+        except Exception as exc:  # ImportError, NVMLError: no driver, no GPU
+            self.tried.append(f"NVML: {exc or type(exc).__name__}")
+        smi = shutil.which("nvidia-smi")
+        if not smi:
+            self.tried.append("nvidia-smi: not found")
+            return
+        try:
+            self._proc = subprocess.Popen([smi, "dmon", "-s", "pum", "-d", str(int(self.interval))],
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as exc:
+            self.tried.append(f"nvidia-smi dmon: {exc}")
+            return
+        self.source = "nvidia-smi dmon"
+        self._lines = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _nvml(self, pynvml, count):
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        while not self._stop.is_set():
+            for index, handle in enumerate(handles):
+                sample = {"index": index, "util": None, "mem_util": None, "fb_mib": None,
+                          "power_w": None}
+                try:
+                    rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+                    sample.update(util=rates.gpu, mem_util=rates.memory)
+                    sample["fb_mib"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+                    sample["power_w"] = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+                except Exception:  # a counter this GPU does not expose
+                    pass
+                self.samples.append(sample)
+            self._stop.wait(self.interval)
+
+    def _read(self):
+        for line in self._proc.stdout:
+            self._lines.append(line)
+
+    def summary(self):
+        self._stop.set()
+        reason = None
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+            if self._thread:
+                self._thread.join(timeout=5)
+            text = "".join(self._lines)
+            self.samples = parse_dmon(text)
+            if not self.samples:
+                self.tried.append(f"nvidia-smi dmon: exit {self._proc.returncode}: "
+                                  f"{text.strip()[-200:] or 'no output'}")
+        elif self._thread:
+            self._thread.join(timeout=5)
+        if not self.samples:
+            reason = ("no GPU on this host: no utilisation sampled"
+                      + (f" ({'; '.join(self.tried)})" if self.tried else ""))
+        return summarise_gpu_samples(self.samples, self.source if self.samples else None, reason)
 
 
 # ---------------------------------------------------------------------------

@@ -153,12 +153,12 @@ def plot_files(instance, groups):
                                    if not _too_few(ax, input_lens, "input length") else ()):
             items.sort(key=lambda item: item[0]["input_len"])
             ok = [(g, r) for g, r in items if r["status"] == "ok"]
-            ax.plot([g["input_len"] for g, _ in ok], [r[metric] for _, r in ok],
+            ax.plot([g["input_len"] for g, _result in ok], [r[metric] for _point, r in ok],
                     marker="o", label=f"c={conc} out={out}")
             at_cliff = [(g, r) for g, r in ok
                         if g["cliff"] and g["cliff"]["concurrency"] == conc]
             if at_cliff:
-                ax.scatter([g["input_len"] for g, _ in at_cliff], [r[metric] for _, r in at_cliff],
+                ax.scatter([g["input_len"] for g, _result in at_cliff], [r[metric] for _point, r in at_cliff],
                            s=180, facecolors="none", edgecolors="red", linewidths=2, zorder=6,
                            label=f"cliff (c={conc})")
             failed = [g for g, r in items if r["status"] == "failed"]

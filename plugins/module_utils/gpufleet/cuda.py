@@ -145,7 +145,7 @@ del _branch, _row
 
 # Which compute capabilities a CUDA toolkit can build for: (first CUDA, first CUDA
 # without it), from gpufleet.arch (sources there).
-TOOLKIT_ARCH_RANGE = {cc: (first, gone) for cc, (_, first, gone) in COMPUTE_CAPABILITIES.items()}
+TOOLKIT_ARCH_RANGE = {cc: (first, gone) for cc, (_arch_name, first, gone) in COMPUTE_CAPABILITIES.items()}
 
 # Driver branches whose hosts NVIDIA's own CUDA images admit through a
 # `brand=<datacenter brand>,driver>=B,driver<B+1` alternative of NVIDIA_REQUIRE_CUDA,
@@ -255,7 +255,7 @@ def min_driver_for_cuda(cuda, update=None):
     upd = 0 if update is None else int(update)
     if (key, upd) in TOOLKIT_MIN_DRIVER:
         return TOOLKIT_MIN_DRIVER[(key, upd)]
-    known = sorted({k for k, _ in TOOLKIT_MIN_DRIVER}, key=parse_cuda_version)
+    known = sorted({k for k, _update in TOOLKIT_MIN_DRIVER}, key=parse_cuda_version)
     if key in known:
         updates = sorted(u for k, u in TOOLKIT_MIN_DRIVER if k == key)
         raise ValueError(f"CUDA {key} has no update {upd} in NVIDIA's table; known updates: "
@@ -1032,7 +1032,7 @@ def _check(driver_version, compute_capabilities=(), cuda_version=None, require_c
                            "container.")
         skipped = unknown_property_terms(requirements)
         if skipped:
-            terms = ", ".join(repr(t) for t, _ in skipped)
+            terms = ", ".join(repr(t) for t, _detail in skipped)
             reasons.append(
                 f"Ignored on this host: {terms}, a condition on a property nvidia-container-cli "
                 f"does not know ({', '.join(_RULES)}). It was not read: dsl_evaluate stops at "
@@ -1304,15 +1304,15 @@ def _elf_notes(data, want_section):
     def section(i):
         off = shoff + i * shentsize
         if is64:
-            name, stype, _, _, offset, size, _, _, align = struct.unpack_from(end + "IIQQQQIIQ", data, off)
+            name, stype, _flags, _addr, offset, size, _link, _info, align = struct.unpack_from(end + "IIQQQQIIQ", data, off)
         else:
-            name, stype, _, _, offset, size, _, _, align = struct.unpack_from(end + "IIIIIIIII", data, off)
+            name, stype, _flags, _addr, offset, size, _link, _info, align = struct.unpack_from(end + "IIIIIIIII", data, off)
         return name, stype, offset, size, max(align, 1)
 
     def notes(offset, size, align):
         out, pos, stop = [], offset, min(offset + size, len(data))
         while pos + 12 <= stop:
-            namesz, descsz, _ = struct.unpack_from(end + "III", data, pos)
+            namesz, descsz, _note_type = struct.unpack_from(end + "III", data, pos)
             name_at = pos + 12
             desc_at = name_at + ((namesz + align - 1) // align) * align
             out.append((data[name_at:name_at + namesz].rstrip(b"\0"),
@@ -1323,7 +1323,7 @@ def _elf_notes(data, want_section):
         return out
 
     if shoff and shnum and shoff + shnum * shentsize <= len(data) and shstrndx < shnum:
-        _, _, stroff, strsize, _ = section(shstrndx)
+        _name, _type, stroff, strsize, _align = section(shstrndx)
         for i in range(shnum):
             name, stype, offset, size, align = section(i)
             label = data[stroff + name:data.find(b"\0", stroff + name)] if stroff + name < len(data) else b""

@@ -216,9 +216,9 @@ def _groups(specs):
     for key, pages in buckets:
         balanced = len(set(pages.values())) == 1
         bucketed.append((key, pages, balanced, max(pages.values())))
-    floor = max((most for _, pages, balanced, most in bucketed
+    floor = max((most for _key, pages, balanced, most in bucketed
                  if balanced and len(pages) > 1), default=0)
-    repeats = _approximate_gcd([most for _, _, balanced, most in bucketed if balanced],
+    repeats = _approximate_gcd([most for _key, _pages, balanced, most in bucketed if balanced],
                                floor) if floor else None
     groups = []
     for (kind, block, window), pages, balanced, most in bucketed:

@@ -16,6 +16,7 @@ pxname, svname, scur, eresp, wretr, wredis, status, chkfail, hrsp_5xx...
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 import socket
@@ -349,7 +350,6 @@ def watch(read, seconds, host=None, interval=1.0, sleep=time.sleep):
     return {"samples": count, "deltas": deltas, "bad_statuses": bad}
 
 
-
 # ----------------------------------------------------------------- routes
 # What each model frontend forwards (issue #32 item 1): the routes its instances list in
 # their own OpenAPI document (vLLM's FastAPI app serves it at /openapi.json; which routers
@@ -422,13 +422,17 @@ def route_plan(served, allowlist, keyless=()):
     }
 
 
+def _open_with(https, target, timeout, headers):
+    return https.open(urllib.request.Request(target, headers=headers), timeout=timeout)
+
+
 def _url(server, scheme):
     host = f"[{server['address']}]" if ":" in server["address"] else server["address"]
     return f"{scheme}://{host}:{server['port']}/openapi.json"
 
 
 def read_openapi(server, api_keys=(), ca_file="", timeout=OPENAPI_TIMEOUT,
-                 max_bytes=OPENAPI_MAX_BYTES, urlopen=urllib.request.urlopen):
+                 max_bytes=OPENAPI_MAX_BYTES):
     """The body of `server`'s (a plan_gateway server: address, port) /openapi.json:
     https verified with `ca_file` when one is given, else http. Asked without a key
     first, then (on 401) with each of `api_keys` in turn; the whole of each answer within
@@ -440,13 +444,12 @@ def read_openapi(server, api_keys=(), ca_file="", timeout=OPENAPI_TIMEOUT,
     except (OSError, ssl.SSLError) as exc:  # not copied yet (a first run), or not PEM
         raise GatewayError(f"{url} was not read: the CA file {ca_file} cannot be used "
                            f"({exc})") from None
+    # what urllib.request's urlopen(..., context=context) builds for itself
+    https = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
     last = None
     for key in [None, *api_keys]:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-
-        def opener(target, timeout, headers=headers):
-            request = urllib.request.Request(target, headers=headers)
-            return urlopen(request, timeout=timeout, context=context)
+        opener = functools.partial(_open_with, https, headers=headers)
         try:
             return bounded.open_capped(opener, url, max_bytes, timeout, what=url,
                                        advice="vLLM sends its OpenAPI document at once, a "

@@ -100,7 +100,7 @@ REPOSITORY_ARGUMENT_SPEC = {
 
 def _distro(distribution, distribution_version):
     version = str(distribution_version)
-    key = (distribution, version if distribution == "Ubuntu" else version.split(".")[0])
+    key = (distribution, version if distribution == "Ubuntu" else version.split(".", maxsplit=1)[0])
     if key not in CUDA_REPO_DISTROS:
         supported = ", ".join(f"{d} {v}" for d, v in CUDA_REPO_DISTROS)
         raise HostStackError(
@@ -211,7 +211,7 @@ def cuda_repo(distribution, distribution_version, architecture, mirror_url="",
 def container_toolkit_repo(distribution, distribution_version, architecture, mirror_url="",
                            setting="container_toolkit_repo_url", key_url="", fingerprint=""):
     """NVIDIA's libnvidia-container repository for this host, or the mirror (as cuda_repo)."""
-    _, manager = _distro(distribution, distribution_version)
+    _family, manager = _distro(distribution, distribution_version)
     if manager == "apt":
         default = f"{CTK_REPO_BASE}/deb/{_arch(CTK_DEB_ARCH, architecture)}/"
     else:
@@ -360,7 +360,7 @@ def version_key(version):
     NVIDIA's versions are dotted numbers with a numeric revision, so comparing the
     numeric fields is what dpkg and rpm do for them; an epoch ("1:") counts first.
     """
-    epoch, _, rest = str(version).rpartition(":")
+    epoch, _colon, rest = str(version).rpartition(":")
     return (int(epoch or 0), [int(p) for p in re.findall(r"\d+", rest)])
 
 
@@ -534,7 +534,7 @@ def resolve_driver_version(branch, requested, installed, available, upgrade=Fals
     if requested and not requested.startswith(f"{branch}."):
         raise HostStackError(
             f"nvidia_driver_version {requested} is not in branch {branch}: set "
-            f"nvidia_driver_branch to {requested.split('.')[0]} or pick a {branch}.x version")
+            f"nvidia_driver_branch to {requested.split('.', maxsplit=1)[0]} or pick a {branch}.x version")
     if available is None:
         return installed if (installed and not requested and not upgrade) else None
     ordered = sorted(available, key=version_key)

@@ -195,8 +195,8 @@ def observe(spec, run, gpu_facts, root="/"):
 
     services = {}
     for name in spec.get("services", SERVICES):
-        _, active = run(["systemctl", "is-active", name + ".service"])
-        _, enabled = run(["systemctl", "is-enabled", name + ".service"])
+        _rc, active = run(["systemctl", "is-active", name + ".service"])
+        _rc, enabled = run(["systemctl", "is-enabled", name + ".service"])
         services[name] = "%s/%s" % (active.strip() or "unknown", enabled.strip() or "not-found")
     containers = {}
     names = list(spec.get("containers", []))

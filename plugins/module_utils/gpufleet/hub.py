@@ -430,7 +430,7 @@ class HubClient:
         """One GET (redirects followed here). Returns the streamed response (2xx, or 416
         when allow_416) or raises _Transient / HubError. The caller closes it."""
         first, seen = url, {url}
-        for _ in range(MAX_REDIRECTS + 1):
+        for _hop in range(MAX_REDIRECTS + 1):
             origin(url)  # http(s) only
             hdrs = {"Accept-Encoding": encoding, **(headers or {})}
             if self._token and self.same_origin(url):
@@ -585,7 +585,7 @@ class HubClient:
 
     def resolve_commit(self, repo_id, revision):
         url = self.api_url(repo_id, "revision", quote(revision, safe=""))
-        data, _, _ = self.get_json(url)
+        data, _links, _final = self.get_json(url)
         sha = data.get("sha") if isinstance(data, dict) else None
         if not isinstance(sha, str) or not _HEX40.match(sha):
             raise HubError(f"{redact_url(url)} gave no commit sha for revision "
@@ -596,7 +596,7 @@ class HubClient:
         url = self.api_url(repo_id, "tree", commit)
         params = {"recursive": "true", "expand": "false"}
         items, seen = [], {url}
-        for _ in range(MAX_PAGES):
+        for _page in range(MAX_PAGES):
             page, links, got = self.get_json(url, params=params)
             if not isinstance(page, list):
                 raise HubError(f"{redact_url(url)} did not answer a tree listing.")
@@ -879,7 +879,7 @@ class Fetcher:
 
     # -- work ------------------------------------------------------------------------
     def run(self, plan, write_progress=True, progress_path=None):
-        total = sum(f.size for f, _ in plan)
+        total = sum(f.size for f, _state in plan)
         os.makedirs(state_path(self.dest, "incomplete"), exist_ok=True)
         self.stats = _Stats(self.dest, len(plan), total, write_progress, progress_path)
         results, errors = {}, []
@@ -1128,7 +1128,7 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
                  "outdated": "would_download", "present": "would_verify",
                  "trusted": "trusted"}
         result.update(changed=bool(deleted) or recommit
-                      or any(would[s] == "would_download" for _, s in plan),
+                      or any(would[s] == "would_download" for _file, s in plan),
                       bytes_downloaded=0,
                       bytes_verified=0,
                       files=[_file_result(f, would[s]) for f, s in plan])
@@ -1150,7 +1150,7 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
         changed=changed, quarantined=fetcher.quarantined,
         bytes_downloaded=fetcher.stats.bytes_downloaded,
         bytes_verified=fetcher.stats.bytes_verified,
-        files=[_file_result(f, outcome.get(f.path, "failed")) for f, _ in plan])
+        files=[_file_result(f, outcome.get(f.path, "failed")) for f, _state in plan])
     if errors:
         msgs = "; ".join(str(e) for e in errors)
         exc = HubError(f"{len(errors)} of {len(plan)} files failed: {msgs}")
@@ -1209,7 +1209,7 @@ def leftovers(dest, listing, planned, manifest):
 def _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan, outcome, old,
                     kept, recommit=False):
     """Record the verified files; returns True when the file list or the commit changed."""
-    verified = [f for f, _ in plan if f.path in outcome]
+    verified = [f for f, _state in plan if f.path in outcome]
     files = {**kept, **manifest_entries(dest, verified)}
     if files == old and len(verified) == len(plan) and not recommit:
         return False
@@ -1257,7 +1257,7 @@ def lock_from_hub(client, repo_id, revision, max_workers=8):
     small = [f for f in listing if f.algorithm != "sha256"]
     with tempfile.TemporaryDirectory(prefix="gpufleet-lock-") as tmp:
         fetcher = Fetcher(client, repo_id, commit, tmp, "full", int(max_workers))
-        _, errors = fetcher.run([(f, "missing") for f in small], write_progress=False)
+        _outcome, errors = fetcher.run([(f, "missing") for f in small], write_progress=False)
         if errors:
             raise HubError(f"{len(errors)} of {len(small)} files could not be read to write "
                            f"the lock; no lock was written: "

@@ -588,7 +588,7 @@ def _hybrid_layer_list(text, model_type, wrapped, source):
         what = spec["other"].get(entry, spec["other"].get(None)) or (
             f"no layer class vLLM's {spec['file'].split(':')[0]} has (it builds "
             "full_attention and linear_attention layers only)")
-        kinds = [str(k) for _, k in others]
+        kinds = [str(k) for _name, k in others]
         counts = ", ".join(f"{kinds.count(k)} x {k}" for k in sorted(set(kinds)))
         raise UnsupportedModelError(
             f"{source}: {field} has {counts} of {num_layers} layers{how}; "
@@ -1272,7 +1272,7 @@ def auto_map_modules(cfg):
     for ref in refs:
         if not isinstance(ref, str) or "." not in ref:
             continue
-        repo, _, ref = ref.rpartition("--")
+        repo, _sep, ref = ref.rpartition("--")
         module = ref.rsplit(".", 1)[0]
         if repo:
             repos.add(repo)

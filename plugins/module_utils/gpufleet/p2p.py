@@ -161,7 +161,7 @@ def infohashes(data):
         while data[i:i + 1] != b"e":
             key, i = _bdecode_at(data, i)
             start = i
-            _, i = _bdecode_at(data, i)
+            _value, i = _bdecode_at(data, i)
             if key == b"info":
                 info = data[start:i]
                 return (hashlib.sha1(info).hexdigest(),  # noqa: S324 - BEP 3's infohash
@@ -344,7 +344,7 @@ def torrent_facts(data):
         if fs.file_flags(i) & lt.file_storage.flag_pad_file:
             continue
         path = fs.file_path(i).replace(os.sep, "/")
-        root, _, rel = path.partition("/")
+        root, _sep, rel = path.partition("/")
         files.append((rel, fs.file_size(i)))
     hashes = ti.info_hashes()
     return {"name": ti.name(), "private": ti.priv(), "infohash": str(hashes.v1),
@@ -361,7 +361,7 @@ def make_torrent(model):
     fs = lt.file_storage()
     for path, size in files:
         fs.add_file(f"{commit}/{path}", size)
-    ct = lt.create_torrent(fs, piece_size(sum(s for _, s in files)),
+    ct = lt.create_torrent(fs, piece_size(sum(s for _path, s in files)),
                            flags=lt.create_torrent.canonical_files)
     ct.set_priv(True)
     with tempfile.TemporaryDirectory(prefix="gpufleet-p2p-") as tmp:
@@ -451,7 +451,7 @@ def run_peer(job, log=None):
             note("web_seed_down", message=str(exc))
     h = ses.add_torrent(atp)
     for peer in job.get("peers") or []:
-        host, _, port = peer.rpartition(":")
+        host, _sep, port = peer.rpartition(":")
         h.connect_peer((host.strip("[]"), int(port)))
 
     files = atp.ti.files()

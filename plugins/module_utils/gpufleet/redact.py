@@ -221,7 +221,7 @@ def restore_models(recorded, current):
             models.append(entry)
             continue
         if entry.get("name") not in by_name:
-            parts = ([f"env {k}" for k in env_keys] + [f"extra_args {o}" for o, _ in options]
+            parts = ([f"env {k}" for k in env_keys] + [f"extra_args {o}" for o, _value in options]
                      + list(whole))
             missing.append(f"model {entry.get('name')} ({', '.join(parts)})")
             continue

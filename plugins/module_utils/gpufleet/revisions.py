@@ -319,10 +319,10 @@ def prune_plan(revisions, keep, protect):
     commits never removed (served, previous, mounted, pinned, busy). The newest others
     fill the count; -> the commits to remove, oldest first."""
     protect = set(protect)
-    room = max(0, keep - len([c for c, _ in revisions if c in protect]))
+    room = max(0, keep - len([c for c, _when in revisions if c in protect]))
     others = sorted((r for r in revisions if r[0] not in protect), key=lambda r: r[1],
                     reverse=True)
-    return [c for c, _ in sorted(others[room:], key=lambda r: r[1])]
+    return [c for c, _when in sorted(others[room:], key=lambda r: r[1])]
 
 
 def revisions_in(layout):
@@ -353,7 +353,7 @@ def prune(layout, keep, protect, check_mode=False, proc="/proc"):
     if len(revisions) <= keep:
         return []
     protect = set(protect) | mounted_commits(layout, proc)
-    protect |= {c for c, _ in revisions if _busy(layout.commit_dir(c))}
+    protect |= {c for c, _when in revisions if _busy(layout.commit_dir(c))}
     doomed = prune_plan(revisions, keep, protect)
     if not check_mode:
         for commit in doomed:

@@ -887,7 +887,7 @@ def wait_ready(session, base_url, api_key, served_name, runner="generate", timeo
     poll("models", models)
     response = poll("request", real_request)
     warm = 0
-    for _ in range(int(warmup_requests)):
+    for _request in range(int(warmup_requests)):
         warm_body = dict(body, max_tokens=1) if runner != "pooling" else body
         try:
             resp = bounded.http_request(session, "POST", f"{base_url}{path}", REQUEST_MAX_BYTES,

@@ -426,7 +426,7 @@ def max_fitting_len(layout, kv_cache_bytes, limit, max_num_batched_tokens, reque
     (estimate_max_model_len's binary search). 0 when not even one token fits."""
     if not layout["groups"]:
         return limit
-    num_blocks, _ = kv_tokens_from_bytes(layout, kv_cache_bytes)
+    num_blocks, _tokens = kv_tokens_from_bytes(layout, kv_cache_bytes)
     # get_kv_cache_configs (vllm/v1/core/kv_cache_utils.py) plans auto-fit and the
     # "To serve at least one request" check against the memory left after the null
     # block the BlockPool holds back (check_memory = available - _pool_bytes_per_block),
@@ -1624,7 +1624,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     replicas = _explain_fit(ctx, chosen, final_len, reasons)
     if pp > 1:
         reasons.append(_pp_reason(chosen))
-    num_blocks, _ = kv_tokens_from_bytes(layout, chosen["kv_bytes"])
+    num_blocks, _tokens = kv_tokens_from_bytes(layout, chosen["kv_bytes"])
     concurrency = max_concurrency(layout, num_blocks, final_len, ctx["mnbt"])
     tokens = kv_cache_size_tokens(concurrency, final_len)
     if target_concurrency is not None and concurrency is not None:

@@ -97,7 +97,7 @@ def driver_change(installed_version, branch, version=""):
         return True
     if str(version or ""):
         return installed != str(version)
-    return installed.split(".")[0] != str(branch)
+    return installed.split(".", maxsplit=1)[0] != str(branch)
 
 
 # ----------------------------------------------------------------- capacity gate
@@ -237,7 +237,7 @@ def run_probe(session, base_url, api_key, served_name, runner="generate", count=
         path, body = "/v1/completions", {"model": served_name, "prompt": "gpufleet probe:",
                                          "max_tokens": int(max_tokens), "temperature": 0}
     latencies, errors = [], []
-    for _ in range(int(count)):
+    for _request in range(int(count)):
         start = clock()
         try:
             resp = bounded.http_request(session, "POST", f"{base_url}{path}",
@@ -292,7 +292,7 @@ def probe_gate(probe, baseline, attempts=2, max_latency_ratio=2.0,
     once. Returns {"verdict", "attempts": [{"probe", "verdict"}], "summary"}.
     """
     tries = []
-    for _ in range(max(1, int(attempts))):
+    for _attempt in range(max(1, int(attempts))):
         figures = probe()
         verdict = probe_verdict(baseline, figures, max_latency_ratio,
                                 max_latency_increase_ms, max_error_rate)
@@ -481,7 +481,7 @@ def rollback_vars(record, model_fetch_models=(), model_fetch_root="", driver_cha
                 "values it had, then run upgrade.yml again")
         out["vllm_server_models"], out["record_notes"] = models, notes
     out["vllm_server_image_pull"] = "never"
-    commits = {path: commit for path, commit in record.get("models", [])}
+    commits = dict(record.get("models", []))
     holds = {i.get("model_path") or i["mounts"][0]["source"]: str(i.get("revision"))
              for i in instances or [] if i.get("mounts")}
     pinned = []
