@@ -335,3 +335,26 @@ def ca_and_leaf(tmp_path, name, dns=None, signer=None):
     (tmp_path / f"{name}.key").write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
                                                              serialization.NoEncryption()))
     return ca_key, ca_name
+
+
+def prometheus_config(tls):
+    """roles/fleet_monitoring's prometheus.yml, rendered from its defaults (with
+    __fleet_monitoring_tls as given) and parsed."""
+    import importlib.util
+    import pathlib
+
+    import jinja2
+    import yaml
+
+    ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+    spec = importlib.util.spec_from_file_location("gpufleet_filters", ROOT / "plugins/filter/gpufleet.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    role = ROOT / "roles" / "fleet_monitoring"
+    variables = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    variables.update(ansible_managed="managed", __fleet_monitoring_tls=tls)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=False)
+    env.filters.update({f"gpufleet.fleet.{name}": f for name, f in module.FilterModule().filters().items()})
+    return yaml.safe_load(env.from_string((role / "templates" / "prometheus.yml.j2").read_text()).render(variables))

@@ -5,7 +5,7 @@ https in the instance's URL and in the fleet list's label `scheme` (which the ga
 Prometheus read), the arguments check without the unmounted files, and the role's
 defaults and the lab's opt-out. The real TLS check (vLLM's own HTTP launcher in the lab
 image, run with the planned mount, command and the role's container security, reached with
-curl --cacert and gpufleet's client): tests/slow/test_vllm_server_tls.py."""
+curl --cacert and gpufleet's client): tests/slow/test_vllm_tls_serving.py."""
 import pathlib
 
 import pytest
@@ -85,3 +85,27 @@ def test_tls_is_the_default_and_the_lab_opts_out():
         text = (ROOT / path).read_text()
         assert text.count(".url }}") == text.count(".ca_file | default('') }}"), path
     assert "ca_path: \"{{ item.ca_file" in (ROOT / "playbooks/summary.yml").read_text()
+
+
+# --- Prometheus scrapes an https instance over TLS (roles/fleet_monitoring) --------------
+def _prometheus_config(tls):
+    from helpers import prometheus_config
+
+    return prometheus_config(tls)
+
+
+def test_prometheus_takes_each_instances_scheme_and_verifies_https_with_the_fleet_ca():
+    job = [j for j in _prometheus_config(True)["scrape_configs"] if j["job_name"] == "vllm"][0]
+    assert job["relabel_configs"] == [{"source_labels": ["scheme"], "regex": "(https?)",
+                                       "target_label": "__scheme__"}]
+    assert job["tls_config"] == {"ca_file": "/etc/prometheus/gpufleet-ca.crt", "min_version": "TLS12"}
+    # the relabelling Prometheus applies to a target of vllm_server's list
+    import re
+    inst = plan(tls_dir="/t", tls_digest="d1")
+    labels = serve.registry_entry(inst, "gpu-a", "10.0.0.7")["labels"]
+    rule = job["relabel_configs"][0]
+    assert re.fullmatch(rule["regex"], labels["scheme"]).group(1) == "https"
+    # control: a fleet without https instances gets no CA file to load (Prometheus refuses a
+    # missing ca_file at start), and plain http targets keep the scheme http
+    plain = [j for j in _prometheus_config(False)["scrape_configs"] if j["job_name"] == "vllm"][0]
+    assert "tls_config" not in plain and plain["relabel_configs"] == job["relabel_configs"]
