@@ -316,3 +316,64 @@ def start_haproxy(config, log):
     the caller stops it (terminate, wait)."""
     return subprocess.Popen([haproxy_path(), "-W", "-db", "-f", str(config)],
                             stdout=subprocess.DEVNULL, stderr=pathlib.Path(log).open("w"))
+
+
+def ca_and_leaf(tmp_path, name, dns=None, signer=None):
+    """A CA (PEM file tmp_path/<name>-ca.crt) and a server certificate for 127.0.0.1 and the
+    host name `dns` (default: name) it signed (<name>.crt, <name>.key); with signer (an
+    earlier call's result), that CA signs it instead. Returns (CA key, CA name)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import datetime
+    import ipaddress
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} CA")])
+    if signer:
+        ca_key, ca_name = signer
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns or name)]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(dns or name),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    if not signer:
+        (tmp_path / f"{name}-ca.crt").write_bytes(ca.public_bytes(pem))
+    (tmp_path / f"{name}.crt").write_bytes(leaf.public_bytes(pem))
+    (tmp_path / f"{name}.key").write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                             serialization.NoEncryption()))
+    return ca_key, ca_name
+
+
+def prometheus_config(tls):
+    """roles/fleet_monitoring's prometheus.yml, rendered from its defaults (with
+    __fleet_monitoring_tls as given) and parsed."""
+    import importlib.util
+    import pathlib
+
+    import jinja2
+    import yaml
+
+    ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+    spec = importlib.util.spec_from_file_location("gpufleet_filters", ROOT / "plugins/filter/gpufleet.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    role = ROOT / "roles" / "fleet_monitoring"
+    variables = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    variables.update(ansible_managed="managed", __fleet_monitoring_tls=tls)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=False)
+    env.filters.update({f"gpufleet.fleet.{name}": f for name, f in module.FilterModule().filters().items()})
+    return yaml.safe_load(env.from_string((role / "templates" / "prometheus.yml.j2").read_text()).render(variables))

@@ -65,6 +65,15 @@ options:
       - Defaults to the E(HF_ENDPOINT) environment variable of the target, else
         U(https://huggingface.co).
     type: str
+  ca_file:
+    description:
+      - CA certificate (PEM) on the target that an C(https) O(endpoint)'s certificate (and
+        that of any host it redirects to) must chain to, e.g. the fleet CA's for a site mirror
+        that serves TLS (hf_site_mirror_tls). Empty means the system's trust store (or
+        E(REQUESTS_CA_BUNDLE)); given, it is used for every request whatever the environment.
+      - Certificates are always verified; there is no option to turn that off.
+    type: path
+    default: ""
   token:
     description:
       - Hub access token (Bearer). Defaults to E(HF_TOKEN) of the target. Never logged nor
@@ -331,6 +340,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import opt
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import model_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import revisions
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import tls
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError
 
 
@@ -341,6 +351,7 @@ def main():
             revision=dict(type="str", default="main"),
             dest=dict(type="path", required=True),
             endpoint=dict(type="str"),
+            ca_file=dict(type="path", default=""),
             token=dict(type="str", no_log=True),
             allow_patterns=dict(type="list", elements="str"),
             ignore_patterns=dict(type="list", elements="str"),
@@ -389,7 +400,19 @@ def main():
         module.no_log_values.add(token)
     endpoint = p["endpoint"] or os.environ.get("HF_ENDPOINT") or PUBLIC_ENDPOINT
     try:
+        session = None
+        if p["ca_file"]:  # gpufleet.tls.client_session: the one rule of a verifying client
+            try:
+                import requests
+            except ImportError:
+                module.fail_json(msg="ca_file needs the Python library requests on this host "
+                                     "(Debian: python3-requests). Nothing was fetched.")
+            try:
+                session = tls.client_session(requests.Session(), p["ca_file"])
+            except tls.TLSError as exc:
+                module.fail_json(msg=f"{exc}. Nothing was fetched.")
         client = HubClient(endpoint, token=token, timeout=p["timeout"], retries=p["retries"],
+                           session=session,
                            max_file_attempts=p["max_file_attempts"],
                            max_total_retries=p["max_total_retries"], deadline=p["deadline"],
                            min_rate=p["min_rate"], max_api_bytes=p["max_api_bytes"],

@@ -66,10 +66,16 @@ options:
     default: []
   ca_file:
     description:
-      - CA certificate (PEM) on the host the module runs on; given, the instances are read over
-        C(https) and their certificate verified with it (vllm_gateway_backend_tls).
+      - CA certificate (PEM) on the host the module runs on that the C(https) instances'
+        certificates (label C(scheme) of the instances file) are verified with; empty, the
+        system's trust store.
     type: str
     default: ""
+  require_tls:
+    description:
+      - Refuse a frontend's instance that serves plain C(http) (vllm_gateway_backend_tls).
+    type: bool
+    default: false
 extends_documentation_fragment:
   - gpufleet.fleet.gpufleet.read_only
 """
@@ -134,6 +140,7 @@ def main():
             "read_routes": {"type": "bool", "default": True},
             "api_keys": {"type": "list", "elements": "str", "default": [], "no_log": True},
             "ca_file": {"type": "str", "default": ""},
+            "require_tls": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -143,7 +150,8 @@ def main():
         module.fail_json(msg=str(exc))
     try:
         instances = load_instances(module.params["instances"])
-        plan = plan_gateway(instances, module.params["frontends"], module.params["metrics_port"])
+        plan = plan_gateway(instances, module.params["frontends"], module.params["metrics_port"],
+                            module.params["require_tls"])
         params = module.params
         if params["routes"] is not None:
             def read(server):

@@ -149,6 +149,22 @@ options:
         refused, as every client and the run's own requests would get 401 at once.
     type: bool
     default: false
+  tls_dir:
+    description:
+      - Host folder holding C(cert.pem) and C(key.pem) (the role's fleet_ca call writes them,
+        the key root's, 0600). Given, each instance mounts it read-only and serves C(https)
+        only (vLLM's C(--ssl-certfile), C(--ssl-keyfile)); its C(url) and its C(file_sd) label
+        C(scheme) say C(https). Empty, plain C(http).
+    type: str
+    default: ""
+  tls_digest:
+    description: The sha256 of the certificate in O(tls_dir), in the settings hash (a new certificate replaces the containers). Required with O(tls_dir).
+    type: str
+    default: ""
+  tls_ca_file:
+    description: Host path of the CA certificate a client on the host verifies an C(https) instance with; returned as each instance's C(ca_file) (empty, the system's trust store).
+    type: str
+    default: ""
 extends_documentation_fragment:
   - gpufleet.fleet.gpufleet.read_only
 requirements:
@@ -174,11 +190,12 @@ instances:
       the host itself), C(stop_timeout), C(device_ids),
       C(network_mode), C(published_ports), C(command), C(env), C(mounts), C(ipc_mode), C(shm_size), C(device_requests),
       C(labels), C(settings_hash), C(args_hash), C(revision), C(served_model_name), C(runner),
+      C(scheme) (C(https) with O(tls_dir), else C(http)), C(ca_file) (O(tls_ca_file) for an C(https) instance, else empty),
       C(cache_dir) (the host folder of its kept vLLM cache, empty without O(cache_root)),
       C(auth_file) (the host file of its API keys, empty without O(key_digests)), and
       C(action) (C(keep), C(create) or C(replace)), and C(file_sd) (its entry in the
       fleet's list of serving instances, a Prometheus file_sd entry with C(targets) and
-      C(labels) C(host), C(container), C(model), C(served_model_name), C(runner), C(port)).
+      C(labels) C(host), C(container), C(model), C(served_model_name), C(runner), C(port), C(scheme)).
   returned: success
   type: list
   elements: dict
@@ -256,7 +273,8 @@ def run(params, client):
             model_mount_root=params["model_mount_root"],
             network_mode=params["network_mode"], bind_address=params["bind_address"],
             shutdown_timeout=params["shutdown_timeout"], cache_root=params["cache_root"],
-            key_digests=params["key_digests"], auth_dir=params["auth_dir"])
+            key_digests=params["key_digests"], auth_dir=params["auth_dir"],
+            tls_dir=params["tls_dir"], tls_digest=params["tls_digest"])
     check_unique_ports(instances)
     existing = _managed(client)
     address = reachable_address(params["bind_address"], params["metrics_address"],
@@ -269,7 +287,8 @@ def run(params, client):
             cut = key_cut(inst["name"], current["labels"], params["key_digests"])
             if cut:
                 raise PlanError(cut)
-        inst["url"] = local_url(params["bind_address"], inst["port"])
+        inst["url"] = local_url(params["bind_address"], inst["port"], inst["scheme"])
+        inst["ca_file"] = params["tls_ca_file"] if inst["scheme"] == "https" else ""
         inst["file_sd"] = registry_entry(inst, params["host_name"], address)
         ours = bool(current and current["running"] and current["port"] == inst["port"])
         if params["check_ports"] and inst["action"] != "keep" and not ours \
@@ -314,6 +333,9 @@ def main():
                             "no_log": False},  # sha256 digests of the keys, not the keys
             "auth_dir": {"type": "str", "default": ""},
             "allow_key_cutover": {"type": "bool", "default": False},
+            "tls_dir": {"type": "str", "default": ""},
+            "tls_digest": {"type": "str", "default": ""},
+            "tls_ca_file": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )

@@ -466,6 +466,29 @@ def test_the_run_folders_go_beside_the_inventory_not_into_the_collection(tmp_pat
                                                  {"fleet_benchmark_output_dir": str(runs)})
     assert rc == 0 and chosen == str(runs), failures
 
+
+def test_the_role_preflight_refuses_an_https_instance_it_cannot_benchmark(tmp_path):
+    """An instance of the fleet's list with label scheme https (vllm_server_tls): vllm bench
+    serve speaks plain http, so the preflight stops before any point, naming it; the same
+    instance over http is not refused for that (the control)."""
+    from helpers import run_role_preflight
+
+    listing = tmp_path / "vllm.json"
+    entry = {"targets": ["127.0.0.1:8000"], "labels": {
+        "host": "localhost", "container": "vllm-m", "model": "m", "served_model_name": "m",
+        "runner": "generate", "port": "8000", "scheme": "https"}}
+    listing.write_text(json.dumps([entry]))
+    rc, failures, changed = run_role_preflight(tmp_path, "fleet_benchmark",
+                                               {"fleet_benchmark_instances_file": str(listing)})
+    assert rc != 0 and changed == [] and len(failures) == 1, failures
+    assert "127.0.0.1:8000 on localhost serves https (vllm_server_tls)" in failures[0], failures
+    entry["labels"]["scheme"] = "http"
+    listing.write_text(json.dumps([entry]))
+    rc, failures, _ = run_role_preflight(tmp_path, "fleet_benchmark",
+                                         {"fleet_benchmark_instances_file": str(listing)})
+    assert not any("serves https" in f for f in failures), failures
+
+
 # --- preemptions: vLLM's counter on /metrics, read before and after each point (#34 item 7)
 METRICS_PAGE = """# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
 # TYPE vllm:num_preemptions_total counter

@@ -225,6 +225,9 @@ ROLES_TESTED_THROUGH_OTHERS = {
     # an internal role (the one repository line and its hold, include_role from the
     # three below): their scenarios install from the repositories it configures
     "nvidia_repo": ("nvidia_driver", "cuda_toolkit", "container_toolkit"),
+    # an internal role (the fleet CA's one entry point, include_role tasks_from certificate):
+    # the gateway's scenario serves its certificate; tests/unit/test_fleet_ca.py runs it alone
+    "fleet_ca": ("vllm_gateway",),
 }
 
 

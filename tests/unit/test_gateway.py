@@ -75,7 +75,7 @@ def test_load_instances_reads_the_vllm_server_format():
         "host": "lab-h200", "address": "127.0.0.1", "port": 18000, "target": "127.0.0.1:18000",
         "served_model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "runner": "generate",
-        "container": "vllm-lab-h200", "server": "lab-h200_18000"}
+        "container": "vllm-lab-h200", "scheme": "http", "server": "lab-h200_18000"}
     assert gateway.load_instances(FLEET) == instances  # parsed list or JSON text
 
 

@@ -351,7 +351,8 @@ def test_the_roles_preflight_says_what_each_frontend_forwards_and_logs_no_key(in
     inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={ROOT / '.venv/bin/python'}\n")
     rc, _, failures, _, output = run_playbook(inventory, play, "localhost", {
         "vllm_gateway_instances_file": str(tmp_path / "vllm.json"), "vllm_gateway_api_keys": [key],
-        "vllm_gateway_frontends": [{"served_model_name": "chat", "port": 9000}], "vllm_gateway_tls": False},
+        "vllm_gateway_frontends": [{"served_model_name": "chat", "port": 9000}], "vllm_gateway_tls": False,
+        "vllm_gateway_backend_tls": False},
         check=True, verbosity=3, with_output=True)
     assert rc == 0, failures
     assert (f"chat: forwards 8 routes its image serves (gpu-a_{chat['port']}'s /openapi.json); "

@@ -7,12 +7,14 @@ End to end (HAProxy serving it, curl --cacert, plain HTTP refused): molecule/vll
 import datetime
 import json
 import pathlib
+import re
 
 import jinja2
 import pytest
 import yaml
 
 from gpufleet import gateway, tls
+from helpers import ca_and_leaf as _ca_and_leaf
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOW = datetime.datetime(2026, 12, 6, 12, 0, tzinfo=datetime.timezone.utc)
@@ -137,7 +139,7 @@ def _instances(tmp_path):
     path = tmp_path / "vllm.json"
     path.write_text(json.dumps([{"targets": ["127.0.0.1:8000"], "labels": {
         "host": "gpu-a", "container": "vllm-chat", "model": "chat", "served_model_name": "chat",
-        "runner": "generate", "port": "8000"}}]))
+        "runner": "generate", "port": "8000", "scheme": "https"}}]))
     return str(path)
 
 
@@ -209,37 +211,6 @@ def test_the_summary_reaches_a_tls_gateway_by_https_and_nothing_else():
 
 
 # --- gateway to backends: the role's haproxy.cfg run by the real HAProxy ------------------
-def _ca_and_leaf(tmp_path, name):
-    """A CA (PEM file tmp_path/<name>-ca.crt) and a server certificate for 127.0.0.1 it
-    signed (<name>.crt, <name>.key)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    import ipaddress
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    pem = serialization.Encoding.PEM
-    (tmp_path / f"{name}-ca.crt").write_bytes(ca.public_bytes(pem))
-    (tmp_path / f"{name}.crt").write_bytes(leaf.public_bytes(pem))
-    (tmp_path / f"{name}.key").write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                             serialization.NoEncryption()))
-
-
 def _tls_backend(tmp_path, name):
     """A stand-in vLLM over TLS on a free loopback port (GET /health 200, other paths name
     the backend); returns (port, server)."""
@@ -273,23 +244,29 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def _backend_states(tmp_path, verify="required"):
-    """Run HAProxy on the role's haproxy.cfg (vllm_gateway_backend_tls on, the fleet's CA)
-    in front of two TLS backends: `fleet` (a certificate the fleet's CA signed) and
-    `rogue` (another CA's). Returns ({server: status} once both are checked, the backends
-    that answered 6 keyed requests, HAProxy's check_status per server)."""
+BACKENDS = ("fleet", "rogue", "misnamed")
+
+
+def _backend_states(tmp_path, verify="required", verifyhost=True):
+    """Run HAProxy on the role's haproxy.cfg (https instances, the fleet's CA) in front of
+    three TLS backends: `fleet` (a certificate the fleet's CA signed for its host),
+    `rogue` (another CA's) and `misnamed` (the fleet CA's, valid, for another host's
+    name). Returns ({server: status} once all are checked, the backends that answered 9
+    keyed requests, HAProxy's check_status per server)."""
     import time
     import urllib.request
 
     from helpers import haproxy_path, start_haproxy
 
     haproxy_path()
-    for name in ("fleet", "rogue"):
-        _ca_and_leaf(tmp_path, name)
-    ports = {name: _tls_backend(tmp_path, name) for name in ("fleet", "rogue")}
+    fleet_ca = _ca_and_leaf(tmp_path, "fleet")
+    _ca_and_leaf(tmp_path, "rogue")
+    _ca_and_leaf(tmp_path, "misnamed", dns="gpu-other", signer=fleet_ca)
+    ports = {name: _tls_backend(tmp_path, name) for name in BACKENDS}
     front = _free_port()
     plan = {"frontends": [{"name": "chat", "served_model_name": "chat", "port": front, "servers": [
-        {"name": f"{name}_{port}", "endpoint": f"127.0.0.1:{port}"} for name, (port, _) in ports.items()],
+        {"name": f"{name}_{port}", "endpoint": f"127.0.0.1:{port}", "host": name, "scheme": "https"}
+        for name, (port, _) in ports.items()],
         "routes": ["/v1/models"], "routes_source": "allowlist"}]}
     text = _render(__vllm_gateway_plan=plan, vllm_gateway_tls=False, vllm_gateway_backend_tls=True,
                    vllm_gateway_backend_ca_path=str(tmp_path / "fleet-ca.crt"),
@@ -298,8 +275,10 @@ def _backend_states(tmp_path, verify="required"):
                    vllm_gateway_api_keys_file=str(tmp_path / "keys"),
                    vllm_gateway_metrics_port=_free_port(), vllm_gateway_check_inter="200ms",
                    vllm_gateway_check_rise=1, vllm_gateway_check_fall=1, vllm_gateway_slowstart="1s")
-    assert f" ssl verify required ca-file {tmp_path}/fleet-ca.crt check-ssl" in text
+    assert f" check ssl verify required ca-file {tmp_path}/fleet-ca.crt verifyhost fleet check-ssl" in text
     (tmp_path / "keys").write_text("k" * 16 + "\n")
+    if not verifyhost:
+        text = re.sub(r" verifyhost \S+", "", text)
     (tmp_path / "haproxy.cfg").write_text(text.replace("verify required", f"verify {verify}"))
     proc = start_haproxy(tmp_path / "haproxy.cfg", tmp_path / "haproxy.log")
     try:
@@ -317,19 +296,20 @@ def _backend_states(tmp_path, verify="required"):
             states = {r["svname"].split("_")[0]: r["status"] for r in rows}
             checked = [str(r.get("check_status") or "") for r in rows]
             settled = all(c.endswith("OK") == (r["status"] == "UP") for c, r in zip(checked, rows))
-            if len(rows) == 2 and all(c and not c.startswith("INI") for c in checked) and settled:
+            if len(rows) == len(BACKENDS) and all(c and not c.startswith("INI") for c in checked) and settled:
                 break
             assert time.monotonic() < deadline, (states, checked, (tmp_path / "haproxy.log").read_text())
             time.sleep(0.2)
         answered = set()
-        for _ in range(6):
+        for _ in range(9):
             request = urllib.request.Request(f"http://127.0.0.1:{front}/v1/models",
                                              headers={"Authorization": "Bearer " + "k" * 16})
             try:
                 with urllib.request.urlopen(request, timeout=10) as resp:
                     answered.add(json.loads(resp.read())["backend"])
-            except OSError as exc:
-                answered.add(f"error {exc}")
+            except OSError as exc:  # a 503 while a server's check settles is no answer
+                if "503" not in str(exc):
+                    answered.add(f"error {exc}")
         raw = gateway.parse_show_stat(gateway.read_show_stat(str(tmp_path / "admin.sock")))
         checks = {r["svname"].split("_")[0]: r.get("check_status") for r in raw
                   if r["svname"] not in ("FRONTEND", "BACKEND") and r["pxname"] == "chat"}
@@ -341,18 +321,45 @@ def _backend_states(tmp_path, verify="required"):
             server.shutdown()
 
 
-def test_the_gateway_verifies_its_backends_and_marks_another_cas_down(tmp_path):
+def test_the_gateway_verifies_its_backends_and_marks_another_cas_or_another_names_down(tmp_path):
     states, answered, checks = _backend_states(tmp_path)
-    assert states == {"fleet": "UP", "rogue": "DOWN"}, (states, checks)
+    assert states == {"fleet": "UP", "rogue": "DOWN", "misnamed": "DOWN"}, (states, checks)
     assert answered == {"fleet"}, answered
 
 
 def test_control_without_verification_the_rogue_backend_serves(tmp_path):
     """What `verify required ca-file` prevents: the same gateway with `verify none` puts
-    the backend with another CA's certificate in service."""
+    the backends with another CA's certificate or another name's in service."""
     states, answered, checks = _backend_states(tmp_path, verify="none")
-    assert states == {"fleet": "UP", "rogue": "UP"}, (states, checks)
-    assert answered == {"fleet", "rogue"}, answered
+    assert states == {"fleet": "UP", "rogue": "UP", "misnamed": "UP"}, (states, checks)
+    assert answered == {"fleet", "rogue", "misnamed"}, answered
+
+
+def test_control_without_verifyhost_a_valid_certificate_for_another_name_serves(tmp_path):
+    """What `verifyhost <host>` adds: without it, the fleet CA's certificate of another host
+    is accepted (a host that holds any fleet certificate could stand in for another)."""
+    states, answered, checks = _backend_states(tmp_path, verifyhost=False)
+    assert states == {"fleet": "UP", "rogue": "DOWN", "misnamed": "UP"}, (states, checks)
+    assert answered == {"fleet", "misnamed"}, answered
+
+
+def test_an_http_instance_is_refused_when_every_backend_must_serve_tls():
+    entries = [{"targets": [f"10.0.0.{n}:8000"], "labels": {
+        "host": f"gpu-{n}", "served_model_name": "chat", "model": "chat", "runner": "generate",
+        "port": "8000", "container": "vllm-chat", **({"scheme": "https"} if n == 1 else {})}}
+        for n in (1, 2)]
+    instances = gateway.load_instances(entries)
+    assert [i["scheme"] for i in instances] == ["https", "http"]
+    with pytest.raises(gateway.GatewayError, match=r"10.0.0.2:8000 \(host gpu-2\) serves plain http"):
+        gateway.plan_gateway(instances, [{"served_model_name": "chat", "port": 9000}], 9100, require_tls=True)
+    plan = gateway.plan_gateway(instances, [{"served_model_name": "chat", "port": 9000}], 9100)
+    text = _render(__vllm_gateway_plan=dict(plan, frontends=gateway.plan_routes(plan["frontends"], ["/v1/models"])))
+    assert ("    server gpu-1_8000 10.0.0.1:8000 check ssl verify required ca-file "
+            "/etc/haproxy/gpufleet-backend-ca.crt verifyhost gpu-1 check-ssl ssl-min-ver TLSv1.2\n") in text
+    assert "    server gpu-2_8000 10.0.0.2:8000 check\n" in text
+    entries[0]["labels"]["scheme"] = "ftp"
+    with pytest.raises(gateway.GatewayError, match="label scheme must be http or https"):
+        gateway.load_instances(entries)
 
 
 def test_the_backends_ca_must_be_a_ca_certificate_valid_now(tmp_path):

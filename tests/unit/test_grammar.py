@@ -302,6 +302,7 @@ HOSTILE_MONITORING = {
     "fleet_monitoring_evaluation_interval": "0s",
     "fleet_monitoring_retention": "15d --web.enable-admin-api --web.enable-lifecycle",
     "fleet_monitoring_config_dir": "/etc/prometheus/rules.yml\n  - /tmp/evil",
+    "fleet_monitoring_tls_ca_path": "/etc/prometheus/ca.crt\n  - job_name: evil",
     "fleet_monitoring_alert_kv_cache_usage": "0.9 or vector(1)",
     "fleet_monitoring_alert_requests_waiting": "0 or vector(1)",
     "fleet_monitoring_port": "9090 --web.enable-admin-api",

@@ -110,7 +110,7 @@ def test_module_check_mode_and_rerun(fetched, tmp_path, monkeypatch):
     assert failed and "has no path" in res["msg"]
 
 
-def _playbook(tmp_path, folder, port):
+def _playbook(tmp_path, folder, port, extra=""):
     pb = tmp_path / "site.yml"
     pb.write_text(f"""
 - hosts: localhost
@@ -124,7 +124,7 @@ def _playbook(tmp_path, folder, port):
         hf_site_mirror_nginx_conf_dir: "{tmp_path / 'conf.d'}"
         hf_site_mirror_install: false
         hf_site_mirror_manage_service: false
-""")
+{extra}""")
     (tmp_path / "conf.d").mkdir(exist_ok=True)
     out = subprocess.run(
         [str(ROOT / ".venv/bin/ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
@@ -191,6 +191,57 @@ def test_role_serves_hf_model_and_hf_download(fetched, tmp_path, monkeypatch):
     for rel, data in FILES.items():
         assert (dest / rel).read_bytes() == data
         assert (local / rel).read_bytes() == data
+
+
+@pytest.mark.slow
+def test_role_serves_tls_and_hf_model_verifies_it_with_the_fleet_ca(fetched, tmp_path, monkeypatch):
+    """hf_site_mirror_tls: the role's nginx serves https with the fleet CA's certificate
+    (made by roles/fleet_ca in a test folder); hf_model fetches with ca_file (the fleet CA)
+    and every byte verifies; another CA's file is refused before anything is fetched into
+    dest, and plain http to the port gets no mirror answer."""
+    from helpers import ca_and_leaf
+    from hfstub.nginxlab import Nginx, free_port
+
+    folder, commit = fetched
+    port = free_port()
+    tls_dir = tmp_path / "tls"
+    extra = (f"        hf_site_mirror_tls: true\n        hf_site_mirror_tls_dir: \"{tls_dir}\"\n"
+             f"        hf_site_mirror_tls_ca_dir: \"{tmp_path / 'fleet-ca'}\"\n")
+    _playbook(tmp_path, folder, port, extra)
+    assert oct(tls_dir.stat().st_mode & 0o777) == "0o700"
+    assert oct((tls_dir / "key.pem").stat().st_mode & 0o777) == "0o600"
+    assert "changed=0" in _playbook(tmp_path, folder, port, extra)  # idempotent
+    ca = str(tmp_path / "fleet-ca" / "ca.crt")
+    ca_and_leaf(tmp_path, "rogue")
+    url = f"https://127.0.0.1:{port}"
+    with Nginx(tmp_path / "nginx", tmp_path / "conf.d"):
+        deadline = __import__("time").monotonic() + 20
+        while True:
+            try:
+                requests.get(url, timeout=1, verify=ca)
+                break
+            except requests.ConnectionError:
+                assert __import__("time").monotonic() < deadline, "nginx did not answer over TLS"
+                __import__("time").sleep(0.1)
+        plain = requests.get(f"http://127.0.0.1:{port}/api/models/lab/tiny", timeout=10)
+        assert plain.status_code == 400 and "X-Repo-Commit" not in plain.headers
+        dest = tmp_path / "via-tls"
+        res, failed = run_module(hf_model.main, {"repo_id": "lab/tiny", "dest": str(dest),
+                                                 "endpoint": url, "ca_file": ca}, monkeypatch)
+        assert not failed and res["commit"] == commit, res
+        for rel, data in FILES.items():
+            assert (dest / rel).read_bytes() == data
+        # controls: another CA, and the system's trust store, refuse the mirror
+        for args in ({"ca_file": str(tmp_path / "rogue-ca.crt")}, {}):
+            other = tmp_path / f"via-other-{len(args)}"
+            res, failed = run_module(hf_model.main, {"repo_id": "lab/tiny", "dest": str(other),
+                                                     "endpoint": url, "retries": 0, **args}, monkeypatch)
+            assert failed and "failed: SSLError" in res["msg"], res["msg"]
+            assert not any(other.rglob("*.safetensors"))
+        res, failed = run_module(hf_model.main, {"repo_id": "lab/tiny", "dest": str(tmp_path / "x"),
+                                                 "endpoint": url, "ca_file": str(tmp_path / "none.crt")},
+                                 monkeypatch)
+        assert failed and "is not a readable file" in res["msg"] and "Nothing was fetched" in res["msg"]
 
 
 LAB_TINY = ROOT / ".cache/lab/models/gpufleet/tiny-llama"  # built by lab/models/build.sh

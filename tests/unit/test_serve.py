@@ -544,7 +544,8 @@ def _plan_params(tmp_path, **kw):
               "gpu_indexes": [], "allow_replicas": False, "env": {}, "shm_size": "1g",
               "model_mount_root": "/models", "check_ports": True, "metrics_address": "",
               "host_name": "gpu1", "host_address": "", "shutdown_timeout": 0,
-              "cache_root": "", "key_digests": [], "auth_dir": "", "allow_key_cutover": False}
+              "cache_root": "", "key_digests": [], "auth_dir": "", "allow_key_cutover": False,
+              "tls_dir": "", "tls_digest": "", "tls_ca_file": ""}
     params.update(kw)
     return params
 
@@ -566,7 +567,8 @@ def test_vllm_serve_plan_keep_replace_remove_and_busy_port(tmp_path):
         assert inst["action"] == "create" and inst["url"] == f"http://127.0.0.1:{port}"
         assert inst["file_sd"] == {"targets": [f"127.0.0.1:{port}"], "labels": {
             "host": "gpu1", "container": "vllmsrv-m", "model": "m", "served_model_name": "m",
-            "runner": "generate", "port": str(port)}}
+            "runner": "generate", "port": str(port), "scheme": "http"}}
+        assert inst["scheme"] == "http" and inst["ca_file"] == ""
         # our own running container holds the port: the same plan keeps it
         ours = FakeContainer("vllmsrv-m", inst["labels"])
         stale = FakeContainer("vllmsrv-old", {}, status="exited")

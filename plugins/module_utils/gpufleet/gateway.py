@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 
-from . import bounded, grammar
+from . import bounded, grammar, serve
 
 __all__ = [
     "COUNTERS", "GatewayError", "NAME_RE", "OK_STATUSES", "SHOW_STAT_MAX_BYTES",
@@ -49,6 +49,14 @@ _LABELS = ("host", "served_model_name", "port")
 
 class GatewayError(ValueError):
     """The gateway cannot be configured as asked; the message says what to change."""
+
+
+def _scheme(labels, where):
+    """An instance's label scheme (serve.scheme_of, the one rule), refused as a GatewayError."""
+    try:
+        return serve.scheme_of(labels)
+    except serve.PlanError as exc:
+        raise GatewayError(f"{where}: label {exc}: write the file with the vllm_server role") from None
 
 
 def _checked(check, value, what):
@@ -142,19 +150,23 @@ def load_instances(data, source="the instances file"):
             "model": str(labels.get("model", "")),
             "runner": str(labels.get("runner", "")),
             "container": str(labels.get("container", "")),
+            "scheme": _scheme(labels, where),
             "server": server_name(labels["host"], port),
         })
     return instances
 
 
 # ----------------------------------------------------------------- plan
-def plan_gateway(instances, frontends, metrics_port):
+def plan_gateway(instances, frontends, metrics_port, require_tls=False):
     """Frontends with their backend servers, from loaded instances and
     vllm_gateway_frontends ([{served_model_name, port}]). Refuses a frontend whose model
     no instance serves, two frontends for one model, a port used twice (frontends and the
-    metrics port), two backends or servers with the same name.
+    metrics port), two backends or servers with the same name, and, with require_tls
+    (vllm_gateway_backend_tls), an instance of a frontend that serves plain http.
     Returns {frontends: [{name, served_model_name, port, servers: [{name, address,
-    port, host, endpoint}]}], unserved: [served_model_name of instances no frontend takes]}."""
+    port, host, endpoint, scheme}]}], unserved: [served_model_name of instances no frontend
+    takes]}. A server whose scheme is https gets TLS on its server line, verified against
+    the CA and its host name (templates/haproxy.cfg.j2)."""
     if not isinstance(frontends, list) or not frontends:
         raise GatewayError("vllm_gateway_frontends is empty: list one {served_model_name, port} "
                            "per model the gateway serves")
@@ -195,9 +207,17 @@ def plan_gateway(instances, frontends, metrics_port):
                     f"server {member['server']} (host {member['host']}, port "
                     f"{member['port']}): the instances file lists one instance twice")
             seen[member["server"]] = member["target"]
+            if require_tls and member.get("scheme", "http") != "https":
+                raise GatewayError(
+                    f"{model}: {member['target']} (host {member['host']}) serves plain http, and "
+                    "vllm_gateway_backend_tls asks for TLS to every backend: serve it with "
+                    "vllm_server_tls: true (roll it out with playbooks/upgrade.yml), or set "
+                    "vllm_gateway_backend_tls: false while the fleet moves to TLS "
+                    "(docs/gateway.md)")
             # HAProxy takes the last colon as the port separator, IPv6 included
             servers.append({"name": member["server"], "address": member["address"],
                             "port": member["port"], "host": member["host"],
+                            "scheme": member.get("scheme", "http"),
                             "endpoint": f"{member['address']}:{member['port']}"})
         planned.append({"name": name, "served_model_name": model, "port": port,
                         "servers": sorted(servers, key=lambda s: s["name"])})
@@ -433,14 +453,17 @@ def _url(server, scheme):
 
 def read_openapi(server, api_keys=(), ca_file="", timeout=OPENAPI_TIMEOUT,
                  max_bytes=OPENAPI_MAX_BYTES):
-    """The body of `server`'s (a plan_gateway server: address, port) /openapi.json:
-    https verified with `ca_file` when one is given, else http. Asked without a key
+    """The body of `server`'s (a plan_gateway server: address, port, scheme) /openapi.json:
+    over its scheme (a server without one: https when `ca_file` is given, else http),
+    https verified with `ca_file` (empty: the system's trust store). Asked without a key
     first, then (on 401) with each of `api_keys` in turn; the whole of each answer within
     `timeout` seconds and at most `max_bytes`. Raises GatewayError naming the URL and why
     (unreachable, a status other than 200, the cap or the deadline passed)."""
-    url = _url(server, "https" if ca_file else "http")
+    scheme = server.get("scheme") or ("https" if ca_file else "http")
+    url = _url(server, scheme)
     try:
-        context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        context = (ssl.create_default_context(cafile=ca_file or None)
+                   if scheme == "https" else None)
     except (OSError, ssl.SSLError) as exc:  # not copied yet (a first run), or not PEM
         raise GatewayError(f"{url} was not read: the CA file {ca_file} cannot be used "
                            f"({exc})") from None

@@ -96,7 +96,7 @@ def published_facts(plan, tunes):
     instances of vllm_serve_plan's result (for the fleet's instance list and the summary's
     requests) and each model's chosen settings (for the fleet table). Nothing else of the
     plan (its environment may hold a user's secret)."""
-    keep = ("name", "url", "runner", "served_model_name", "port", "file_sd", "mount")
+    keep = ("name", "url", "ca_file", "runner", "served_model_name", "port", "file_sd", "mount")
     plan = plan or {}
     instances = [{k: inst[k] for k in keep if k in inst} for inst in plan.get("instances", [])]
     settings = [{"item": {"name": (t.get("item") or {}).get("name")}, "settings": t["settings"]}

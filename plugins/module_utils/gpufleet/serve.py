@@ -23,11 +23,11 @@ from . import bounded, grammar
 __all__ = [
     "ARGS_CHECK_MODEL", "AUTH_MOUNT", "CACHE_ENV", "CACHE_MOUNT", "CONTAINER_PORT", "DIAGNOSES",
     "LABEL_PREFIX", "NotReady", "PlanError", "READY_MAX_BYTES", "READY_POLL_TIMEOUT",
-    "REQUEST_MAX_BYTES", "args_check_command", "args_check_hash", "args_check_verdict",
+    "REQUEST_MAX_BYTES", "TLS_CERT_FILE", "TLS_KEY_FILE", "TLS_MOUNT", "args_check_command", "args_check_hash", "args_check_verdict",
     "cache_dir", "check_unique_ports", "decide_action",
     "device_request", "diagnose", "failure_message", "instance_labels", "local_url",
     "merge_registry", "model_revision", "plan_instances", "port_is_free", "previous_name",
-    "reachable_address", "readiness_request", "registry_entry", "remove_container",
+    "reachable_address", "readiness_request", "registry_entry", "scheme_of", "remove_container",
     "remove_leftover",
     "VERSION_PROBE", "accepted_keys", "auth_config", "image_vllm_version", "key_cut",
     "key_digest", "probe_key", "settings_hash", "slug", "stop_timeout", "target",
@@ -56,6 +56,14 @@ CACHE_ENV = "VLLM_CACHE_ROOT"
 # several keys are accepted at once (a rotation) and none is in the container's
 # environment, its command line or a process list.
 AUTH_MOUNT = "/run/gpufleet/vllm-auth.yaml"
+# TLS (issue #32 item 2): the host folder holding cert.pem and key.pem (fleet_ca's
+# entry point writes them, the key root's 0600) is mounted read-only here, and vLLM 0.32
+# serves https with --ssl-certfile/--ssl-keyfile (vllm/entrypoints/launchers/cli_args.py
+# ssl_certfile, ssl_keyfile). The folder, not the files: a file replaced by a rename stays
+# the old inode in a file mount.
+TLS_MOUNT = "/run/gpufleet/vllm-tls"
+TLS_CERT_FILE = "cert.pem"
+TLS_KEY_FILE = "key.pem"
 # The label that holds the digests of the keys a container accepts (key_digest).
 KEYS_LABEL = "api-keys"
 # argparse exits with status 2 on a usage error (argparse.ArgumentParser.error).
@@ -246,7 +254,7 @@ def registry_entry(instance, host, address):
     """The instance's entry in the fleet's list of serving instances.
 
     The list (vllm_server_file_sd_path) is a Prometheus file_sd file: Prometheus scrapes
-    its targets, the gateway (vllm_gateway) builds its backends from it, the summary and
+    its targets (label `scheme`: http or https), the gateway (vllm_gateway) builds its backends from it, the summary and
     the upgrade playbook read it. One entry per instance; label values are strings.
     """
     try:  # the list feeds HAProxy's and Prometheus' configuration (issue #32)
@@ -259,7 +267,23 @@ def registry_entry(instance, host, address):
             "labels": {"host": str(host), "container": instance["name"],
                        "model": str(instance["model"]),
                        "served_model_name": str(instance["served_model_name"]),
-                       "runner": instance["runner"], "port": str(instance["port"])}}
+                       "runner": instance["runner"], "port": str(instance["port"]),
+                       "scheme": scheme_of(instance)}}
+
+
+def scheme_of(instance):
+    """How an instance is reached: `https` when it serves TLS (its plan's or its list
+    entry's `scheme`), else `http` (a list written before TLS has none). The one rule every
+    reader of the fleet's list uses: the gateway's server lines, Prometheus' scrapes
+    (relabelled to __scheme__), the upgrade's probes."""
+    if "scheme" in instance:  # a plan's instance (its `labels` are the container's)
+        scheme = str(instance["scheme"] or "http")
+    else:
+        labels = instance.get("labels") if isinstance(instance.get("labels"), dict) else {}
+        scheme = str(labels.get("scheme") or "http")
+    if scheme not in ("http", "https"):
+        raise PlanError(f"scheme must be http or https, got {scheme!r:.40}")
+    return scheme
 
 
 def merge_registry(existing, updates):
@@ -518,7 +542,7 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
                    gpu_indexes, gpu_runtime, allow_replicas, base_env=None,
                    shm_size="8g", revision="unknown", model_mount_root="/models",
                    network_mode="host", bind_address="127.0.0.1", shutdown_timeout=0,
-                   cache_root="", key_digests=(), auth_dir=""):
+                   cache_root="", key_digests=(), auth_dir="", tls_dir="", tls_digest=""):
     """The containers that serve one model on this host.
 
     model: the inventory entry (`name`, `path`, optional `port`, `served_model_name`,
@@ -538,9 +562,15 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
       digests are in the settings hash (a new key replaces the container) and in the
       label org.gpufleet.api-keys (key_cut). One file per set: a parked container that
       comes back still reads the keys it was started with.
+    tls_dir: a host folder with cert.pem and key.pem (TLS_CERT_FILE, TLS_KEY_FILE): mounted
+      read-only at TLS_MOUNT and named by --ssl-certfile/--ssl-keyfile, so the instance
+      serves https only; tls_digest (the certificate's sha256) is in the settings hash, so
+      a new certificate replaces the container (upgrade.yml drains it first). '' serves
+      plain http, and the hash stays as it was.
     Returns a list of instance dicts: name, port, device_ids, command, env (without the
     API key), mounts, ipc_mode, shm_size, device_requests, labels, settings_hash,
-    served_model_name, runner, cache_dir, auth_file ('' without key_digests).
+    served_model_name, runner, scheme (https with tls_dir, else http), cache_dir,
+    auth_file ('' without key_digests).
     """
     for key in ("name", "path"):
         if not model.get(key):
@@ -600,6 +630,15 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
         auth_file = f"{root.rstrip('/')}/{settings_hash(digests)}.yaml"
         mounts.append({"source": auth_file, "target": AUTH_MOUNT, "type": "bind",
                        "read_only": True})
+    if tls_dir:
+        try:  # written into the container's mounts
+            tls_root = grammar.config_path(tls_dir, "tls_dir (vllm_server_tls_dir)")
+        except grammar.GrammarError as exc:
+            raise PlanError(f"{exc}. Nothing was changed.") from None
+        if not tls_digest:
+            raise PlanError("tls_dir needs tls_digest, the sha256 of the certificate it holds")
+        mounts.append({"source": tls_root, "target": TLS_MOUNT, "type": "bind",
+                       "read_only": True})
     ipc_mode = (settings.get("docker") or {}).get("ipc_mode")
     base_name = container_prefix + slug(model["name"])
     instances = []
@@ -615,6 +654,9 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             command += ["--shutdown-timeout", str(int(shutdown_timeout))]
         if auth_file:
             command += ["--config", AUTH_MOUNT]
+        if tls_dir:
+            command += ["--ssl-certfile", f"{TLS_MOUNT}/{TLS_CERT_FILE}",
+                        "--ssl-keyfile", f"{TLS_MOUNT}/{TLS_KEY_FILE}"]
         published = ([] if network_mode == "host"
                      else [f"{bind_address}:{port + number}:{CONTAINER_PORT}"])
         spec = {
@@ -628,6 +670,8 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             spec["cache"] = [cache, CACHE_MOUNT]
         if digests:
             spec["api_keys"] = digests
+        if tls_dir:  # only then: a plain-http fleet keeps its containers' hashes
+            spec["tls"] = [tls_dir, str(tls_digest)]
         spec_hash = settings_hash(spec)
         instances.append({
             "name": name, "model": model["name"], "model_path": model["path"],
@@ -638,7 +682,7 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             "ipc_mode": ipc_mode, "shm_size": spec["shm_size"],
             "stop_timeout": stop_timeout(shutdown_timeout),
             "device_requests": device_request(gpu_runtime, devices),
-            "served_model_name": served,
+            "served_model_name": served, "scheme": "https" if tls_dir else "http",
             "runner": "pooling" if settings.get("runner") == "pooling" else "generate",
             "settings_hash": spec_hash, "revision": revision, "image": image,
             "args_hash": args_check_hash(image_id, command, env),
@@ -703,14 +747,20 @@ def decide_action(instance, existing):
 # ----------------------------------------------------------------- argument check
 def args_check_command(command):
     """The instance's command with the model replaced by a path that cannot exist, and
-    without `--config AUTH_MOUNT` (the keys file is not mounted in the check's container;
-    the keys' form is checked by the plan)."""
+    without `--config AUTH_MOUNT` and the TLS files under TLS_MOUNT (neither is mounted in
+    the check's container; the keys' form and the certificate are checked by the role)."""
     args = list(command[1:])
-    for i in range(len(args) - 1):
-        if args[i] == "--config" and args[i + 1] == AUTH_MOUNT:
-            del args[i:i + 2]
-            break
-    return [ARGS_CHECK_MODEL] + args
+    mounted = {("--config", AUTH_MOUNT), ("--ssl-certfile", f"{TLS_MOUNT}/{TLS_CERT_FILE}"),
+               ("--ssl-keyfile", f"{TLS_MOUNT}/{TLS_KEY_FILE}")}
+    kept = []
+    i = 0
+    while i < len(args):
+        if i + 1 < len(args) and (args[i], args[i + 1]) in mounted:
+            i += 2
+            continue
+        kept.append(args[i])
+        i += 1
+    return [ARGS_CHECK_MODEL] + kept
 
 
 def args_check_hash(image_id, command, env):
