@@ -54,12 +54,12 @@ def bad_repo_ids(repo_ids):
     return bad
 
 
-def model_locks(entries, locks=None, lock_dir="", require=False):
+def model_locks(entries, locks=None, lock_dir="", require=False, role="model_fetch"):
     """gpufleet.model_lock.resolve_locks: {items, problems}, the models with each one's lock
-    read and checked on the control node (model_fetch's preflight)."""
+    read and checked on the control node (model_fetch's and hf_site_mirror's preflights)."""
     from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import model_lock
 
-    items, problems = model_lock.resolve_locks(entries, locks, lock_dir, require)
+    items, problems = model_lock.resolve_locks(entries, locks, lock_dir, require, role)
     return {"items": items, "problems": problems}
 
 

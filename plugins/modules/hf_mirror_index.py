@@ -23,7 +23,12 @@ options:
   models:
     description:
       - Folders to publish. Each item has C(path) and optionally C(repo_id) (default
-        the manifest's repo id).
+        the manifest's repo id) and C(lock), the model's lock (a dict as
+        M(gpufleet.fleet.hf_model_lock) writes it).
+      - A folder with a lock is published only when it holds the lock's commit and every
+        file's sha256 is the lock's (recorded in the manifest for LFS files and locked
+        fetches, hashed otherwise); otherwise nothing is published and the task fails
+        naming each file and both values.
     type: list
     elements: dict
     required: true
@@ -49,6 +54,7 @@ EXAMPLES = r"""
       - path: /srv/models/Qwen2.5-7B-Instruct
       - path: /srv/models/tiny
         repo_id: lab/tiny
+        lock: "{{ lookup('ansible.builtin.file', 'locks/lab--tiny.lock.yml') | from_yaml }}"
 """
 
 RETURN = r"""
@@ -57,7 +63,11 @@ changed:
   returned: always
   type: bool
 repos:
-  description: Published repos (repo_id, commit, revision, folder, files, bytes).
+  description:
+    - Published repos (repo_id, commit, revision, folder, files, bytes, locked, lock_missing).
+    - C(locked) says the folder was checked against its lock; C(lock_missing) lists the
+      files the lock pins that the folder does not hold (a folder fetched with allow
+      patterns).
   returned: success
   type: list
   elements: dict

@@ -316,3 +316,90 @@ def test_vllm_serve_loads_a_model_through_the_site_mirror(tmp_path, monkeypatch)
             assert cached.stdout.split()[0] == hashlib.sha256(files["model.safetensors"]).hexdigest()
         finally:
             subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+
+
+# --- the site mirror verifies each folder against its model lock (#32 item 8) ------------
+def _lock_of(folder, commit, files=FILES, **swap):
+    """A lock as the control node writes it from a trusted source holding `files`, with
+    the sha256 of some paths replaced by that of other bytes (`swap`: path -> bytes)."""
+    pins = {p: hashlib.sha256(swap.get(p.replace("/", "__"), b)).hexdigest()
+            for p, b in files.items()}
+    return {"repo_id": "lab/tiny", "commit": commit, "files": pins}
+
+
+def test_the_mirror_publishes_a_folder_that_holds_its_locks_bytes(fetched, tmp_path):
+    folder, commit = fetched
+    res = hub_mirror.build_site(tmp_path / "site", [{"path": str(folder),
+                                                     "lock": _lock_of(folder, commit)}])
+    assert res["changed"] and res["repos"][0]["locked"] is True
+    assert res["repos"][0]["lock_missing"] == []
+    # a lock pinning a file the folder lacks (fetched with allow patterns): served, and said
+    lock = _lock_of(folder, commit, dict(FILES, **{"extra.bin": b"x"}))
+    res = hub_mirror.build_site(tmp_path / "site", [{"path": str(folder), "lock": lock}])
+    assert res["repos"][0]["lock_missing"] == ["extra.bin"]
+
+
+def test_a_hostile_mirrors_bytes_are_published_without_the_lock_and_refused_with_it(fetched, tmp_path):
+    """The folder holds what a mirror served with a matching listing (hf_model verified it
+    against that listing); the trusted source the lock was written from holds other bytes
+    for the weights (an LFS file, compared as recorded) and for config.json (a git-blob
+    file, hashed now). Control: without the lock the mirror publishes them."""
+    folder, commit = fetched
+    plain = hub_mirror.build_site(tmp_path / "plain", [{"path": str(folder)}])
+    assert plain["changed"] and plain["repos"][0]["locked"] is False  # the control
+    lock = _lock_of(folder, commit, **{"model.safetensors": b"the real weights",
+                                       "config.json": b'{"architectures": ["Other"]}'})
+    with pytest.raises(hub.HubError) as err:
+        hub_mirror.build_site(tmp_path / "site", [{"path": str(folder), "lock": lock}])
+    msg = str(err.value)
+    assert "the folder differs from the lock" in msg and "Nothing was published" in msg
+    for path, was in (("model.safetensors", "is recorded as"), ("config.json", "hashes to")):
+        assert (f"{path}: the lock pins sha256 {lock['files'][path]}, the folder's file {was} "
+                f"sha256 {hashlib.sha256(FILES[path]).hexdigest()}") in msg, msg
+    assert "tokenizer/tokenizer.json" not in msg
+    assert not (tmp_path / "site").exists()  # nothing written
+
+
+def test_the_mirror_refuses_another_commit_a_file_the_lock_lacks_and_a_bad_lock(fetched, tmp_path):
+    folder, commit = fetched
+    other = "f" * 40
+    with pytest.raises(hub.HubError, match=f"holds commit {commit}, the lock pins commit {other}"):
+        hub_mirror.build_site(tmp_path / "s", [{"path": str(folder),
+                                                "lock": dict(_lock_of(folder, commit), commit=other)}])
+    lock = _lock_of(folder, commit, {p: b for p, b in FILES.items() if p != "config.json"})
+    with pytest.raises(hub.HubError, match="config.json: in the folder but not in the lock"):
+        hub_mirror.build_site(tmp_path / "s", [{"path": str(folder), "lock": lock}])
+    with pytest.raises(hub.HubError, match="the lock given for .* lacks commit"):
+        hub_mirror.build_site(tmp_path / "s", [{"path": str(folder),
+                                                "lock": {"repo_id": "lab/tiny", "files": {}}}])
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_module_fails_on_a_folder_that_differs_from_its_lock_in_check_mode_too(fetched, tmp_path, monkeypatch):
+    folder, commit = fetched
+    lock = _lock_of(folder, commit, **{"model.safetensors": b"other"})
+    for check in (True, False):
+        res, failed = run_module(hf_mirror_index.main, {
+            "root": str(tmp_path / "site"), "models": [{"path": str(folder), "lock": lock}]},
+            monkeypatch, check_mode=check)
+        assert failed and "model.safetensors: the lock pins sha256" in res["msg"], res
+    assert not (tmp_path / "site").exists()
+
+
+@pytest.mark.parametrize("extra, expect", [
+    ({"hf_site_mirror_models": [{"path": "/srv/m", "repo_id": "lab/tiny"}],
+      "hf_site_mirror_locks": {"lab/tiny": {"repo_id": "lab/tiny", "commit": "a" * 40,
+                                            "file": {}}}},
+     "hf_site_mirror_locks['lab/tiny'] has unknown keys file"),
+    ({"hf_site_mirror_models": [{"path": "/srv/m", "repo_id": "lab/tiny"}],
+      "hf_site_mirror_require_lock": True},
+     "lab/tiny: no lock (hf_site_mirror_require_lock is set)"),
+    ({"hf_site_mirror_models": [{"path": "/srv/m"}], "hf_site_mirror_require_lock": True},
+     "hf_site_mirror_require_lock: give repo_id (or lock) for /srv/m"),
+])
+def test_the_roles_preflight_refuses_a_lock_it_cannot_use_before_any_change(tmp_path, extra, expect):
+    from helpers import run_role_preflight
+
+    rc, failures, changed = run_role_preflight(tmp_path, "hf_site_mirror", extra)
+    assert rc != 0 and changed == [] and any(expect in f for f in failures), failures
+    assert any("Nothing was changed" in f for f in failures), failures

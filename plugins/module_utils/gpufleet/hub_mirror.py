@@ -16,7 +16,9 @@ Input: folders fetched by hf_model (each with ``.gpufleet/manifest.json``). Outp
   only files the manifest lists (never ``.gpufleet/``).
 
 Only complete manifests whose files still have their recorded size and mtime are
-published. No Ansible imports.
+published, and a folder given with its model lock (model_lock.py) only when it holds the
+lock's commit and the lock's bytes (issue #32 item 8: the site mirror verifies against the
+lock as every host does). No Ansible imports.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import os
 import re
 import stat
 
+from . import model_lock
 from .hub import (_HEX40, STATE_DIR, HubError, MANIFEST_NAME, RepoFile, UnsafePathError,
                   _open_nofollow, manifest_trusts, path_under, safe_relpath, validate_name,
                   validate_repo_id)
@@ -35,8 +38,17 @@ from .hub import (_HEX40, STATE_DIR, HubError, MANIFEST_NAME, RepoFile, UnsafePa
 _NGINX_UNSAFE = re.compile(r'[$;{}]')
 
 
-def read_model_folder(folder, repo_id=None):
-    """The manifest of a folder fetched by hf_model, checked against the disk."""
+def _sha256_of(folder, rel):
+    h = hashlib.sha256()
+    with _open_nofollow(path_under(folder, rel), "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_model_folder(folder, repo_id=None, lock=None):
+    """The manifest of a folder fetched by hf_model, checked against the disk, and against
+    its model lock when one is given (a dict, as model_lock.parse_lock reads it)."""
     path = os.path.join(folder, STATE_DIR, MANIFEST_NAME)
     try:
         with open(path, encoding="utf-8") as fh:
@@ -82,9 +94,22 @@ def read_model_folder(folder, repo_id=None):
             raise HubError(f"{folder}/{rel} changed since it was verified (size or mtime); "
                            "run hf_model with verify: full on that folder first.")
         files.append(f)
+    lock_missing = None
+    if lock is not None:
+        try:
+            parsed = model_lock.parse_lock(lock, where=f"the lock given for {folder}")
+            lock_missing = model_lock.check_folder(
+                parsed, repo_id, commit, manifest["files"], lambda rel: _sha256_of(folder, rel))
+        except model_lock.LockError as exc:
+            raise HubError(f"{folder}: {str(exc).rstrip('.')}. Nothing was published: fetch "
+                           "the folder again with its lock (model_fetch_locks), or check "
+                           "where its bytes came from.") from None
+        except OSError as exc:
+            raise HubError(f"{folder}: a file could not be read to check it against the "
+                           f"lock: {exc.strerror or exc}. Nothing was published.") from None
     return {"repo_id": repo_id, "commit": commit,
             "revision": revision, "folder": os.path.abspath(folder),
-            "files": files}
+            "files": files, "lock_missing": lock_missing}
 
 
 def _pointer_blob_id(f):
@@ -204,14 +229,16 @@ def apply_site(root, plan, check_mode=False):
 
 def build_site(root, folders, check_mode=False):
     """Publish folders ([{'path': ..., 'repo_id': optional}]) under root."""
-    models = [read_model_folder(f["path"], f.get("repo_id")) for f in folders]
+    models = [read_model_folder(f["path"], f.get("repo_id"), f.get("lock")) for f in folders]
     if not models:
         raise HubError("give at least one model folder to publish.")
     changed = apply_site(root, plan_site(models), check_mode)
     return {"changed": bool(changed), "changed_paths": changed,
             "repos": [{"repo_id": m["repo_id"], "commit": m["commit"],
                        "revision": m["revision"], "folder": m["folder"],
-                       "files": len(m["files"]), "bytes": sum(f.size for f in m["files"])}
+                       "files": len(m["files"]), "bytes": sum(f.size for f in m["files"]),
+                       "locked": m["lock_missing"] is not None,
+                       "lock_missing": m["lock_missing"] or []}
                       for m in models]}
 
 

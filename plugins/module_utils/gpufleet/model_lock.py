@@ -14,8 +14,8 @@ beside it, names what every host must end up with, whatever the endpoint says:
     written_at: 2026-12-06T19:00:00+00:00  # optional, informational
 
 This file is the one place for the format and its rules: parse_lock (validation with
-clear errors), check_commit, check_listing and check_file (each refusal names the file
-and both values), unpinned_python (what --trust-remote-code needs pinned), render_lock
+clear errors), check_commit, check_listing, check_file and check_folder (each refusal
+names the file and both values), unpinned_python (what --trust-remote-code needs pinned), render_lock
 (the YAML the control node writes). Plain Python: no Ansible, no requests, no yaml at
 import (hub.py, tune.py and the role's filter all use it).
 """
@@ -219,6 +219,43 @@ def check_file(lock, path, sha256):
                         "other bytes than the source the lock was written from.")
 
 
+def check_folder(lock, repo_id, commit, entries, hash_file):
+    """Refuse a verified folder that differs from the lock (the site mirror checks each
+    folder before it publishes it). entries: the folder's manifest {path: entry}.
+
+    Another repo or commit, a file the lock does not pin, or bytes whose sha256 is not the
+    lock's are each a problem naming the file and both values. An entry's recorded sha256
+    (an LFS file) or lock_sha256 (written when the fetch itself was locked) is compared as
+    recorded, since the manifest's size and mtime still vouch for the bytes; any other
+    file is hashed now (hash_file(path) -> sha256; such files are small: configs,
+    tokenizers, code). Returns the paths the lock pins that the folder lacks (a folder
+    fetched with allow patterns holds a subset): serving less is not serving other bytes."""
+    if repo_id != lock.repo_id:
+        raise LockError(f"the lock is for {lock.repo_id}, not {repo_id}: give each model "
+                        "its own lock.")
+    if commit != lock.commit:
+        raise LockError(f"{repo_id}: the folder holds commit {commit}, the lock pins commit "
+                        f"{lock.commit}. Fetch the lock's commit into it, or write a new lock "
+                        "from a source you trust if the model really moved.")
+    problems = []
+    for path, entry in sorted(entries.items()):
+        pinned = lock.files.get(path)
+        if pinned is None:
+            problems.append(f"{path}: in the folder but not in the lock")
+            continue
+        entry = entry if isinstance(entry, dict) else {}
+        recorded = entry.get("lock_sha256") or entry.get("sha256")
+        digest = recorded if recorded else hash_file(path)
+        if digest != pinned:
+            how = "is recorded as" if recorded else "hashes to"
+            problems.append(f"{path}: the lock pins sha256 {pinned}, the folder's file {how} "
+                            f"sha256 {digest}")
+    if problems:
+        raise LockError(_summary(f"{repo_id}@{commit}: the folder differs from the lock",
+                                 problems), problems)
+    return sorted(set(lock.files) - set(entries))
+
+
 def python_files(paths):
     """The *.py paths among `paths` (what --trust-remote-code may run)."""
     return sorted(p for p in paths if isinstance(p, str) and p.endswith(".py"))
@@ -289,7 +326,7 @@ def lock_file_name(repo_id):
     return f"{str(repo_id).replace('/', '--')}.lock.yml"
 
 
-def resolve_locks(entries, locks=None, lock_dir="", require=False):
+def resolve_locks(entries, locks=None, lock_dir="", require=False, role="model_fetch"):
     """The model_fetch role's models with each one's lock found, read and checked on the
     control node, before anything changes. Returns (entries, problems).
 
@@ -298,11 +335,13 @@ def resolve_locks(entries, locks=None, lock_dir="", require=False):
     lock_dir/org--name.lock.yml when lock_dir is set and it exists. Each lock must parse,
     be for the entry's repo_id, and pin the entry's revision when that is a commit; an
     entry without revision gets the lock's commit. With require, a model without a lock is
-    a problem. An entry comes back with `lock` as a plain dict (what hf_model takes)."""
+    a problem. An entry comes back with `lock` as a plain dict (what hf_model takes).
+    role names the variables in the messages: model_fetch (model_fetch_models,
+    model_fetch_locks...) or hf_site_mirror, whose folders are checked the same way."""
     out, problems = [], []
     locks = locks or {}
     if not isinstance(locks, dict):
-        return list(entries or []), [f"model_fetch_locks must map repo ids to locks (or "
+        return list(entries or []), [f"{role}_locks must map repo ids to locks (or "
                                      f"lock files), not {type(locks).__name__}"]
     for entry in entries or []:
         if not isinstance(entry, dict):
@@ -311,9 +350,9 @@ def resolve_locks(entries, locks=None, lock_dir="", require=False):
         repo_id = entry.get("repo_id")
         source, where = None, ""
         if entry.get("lock") is not None:
-            source, where = entry["lock"], f"the lock of model_fetch_models entry {repo_id}"
+            source, where = entry["lock"], f"the lock of {role}_models entry {repo_id}"
         elif repo_id in locks:
-            source, where = locks[repo_id], f"model_fetch_locks[{repo_id!r}]"
+            source, where = locks[repo_id], f"{role}_locks[{repo_id!r}]"
         elif lock_dir:
             path = os.path.join(lock_dir, lock_file_name(repo_id))
             if os.path.exists(path):
@@ -322,7 +361,7 @@ def resolve_locks(entries, locks=None, lock_dir="", require=False):
         entry.pop("lock", None)
         if source is None:
             if require:
-                problems.append(f"{repo_id}: no lock (model_fetch_require_lock is set); write "
+                problems.append(f"{repo_id}: no lock ({role}_require_lock is set); write "
                                 "one with playbooks/model_lock.yml")
             out.append(entry)
             continue
