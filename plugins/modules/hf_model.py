@@ -188,77 +188,71 @@ options:
       - How the missing bytes come. C(http) from O(endpoint) (the mirror); C(p2p) over
         BitTorrent (libtorrent, Debian C(python3-libtorrent) on the host) from the fleet's
         other hosts, with the mirror as web seed, using the torrent the site mirror made
-        (O(p2p.torrent)). Either way the listing comes from O(endpoint) and every file is
+        (O(p2p_torrent)). Either way the listing comes from O(endpoint) and every file is
         checked with the same rule (sha256 / git blob sha1, the lock's sha256) before it
         gets its final name; see docs/model-fetch.md, "Peer-to-peer fan-out".
     type: str
     choices: [http, p2p]
     default: http
-  p2p:
+  p2p_torrent:
+    description: Path on the host of the torrent the site mirror made (its root is
+      the commit; refused when it differs from the listing).
+    type: path
+  p2p_infohash:
+    description: The torrent's v1 infohash, as the control node computed it; another
+      torrent is refused.
+    type: str
+  p2p_listen:
+    description: The host's fleet address (an IP address) to listen and connect from.
+    type: str
+  p2p_port:
+    description: The TCP port the model's swarm listens on (the same on every host).
+    type: int
+    default: 6881
+  p2p_peers:
+    description: The fleet hosts' IP addresses (this host's own is left out).
+    type: list
+    elements: str
+    default: []
+  p2p_web_seed:
+    description: Use O(endpoint) as the web seed (BEP 19; it must honour Range).
+    type: bool
+    default: true
+  p2p_mirror_address:
+    description: The web seed's IP address, when O(endpoint) names the mirror by name.
+    type: str
+  p2p_upload_rate:
+    description: Bytes per second this host sends to peers at most (C(0) no cap).
+    type: int
+    default: 0
+  p2p_download_rate:
+    description: Bytes per second this host receives at most (C(0) no cap).
+    type: int
+    default: 0
+  p2p_timeout:
+    description: Seconds the swarm may take to bring the files; what is not complete
+      then fails the task (the next run resumes it).
+    type: float
+    default: 3600
+  p2p_seed:
     description:
-      - The swarm, with O(transport=p2p). Peers are IP addresses only; everything else
-        is blocked. No DHT, local discovery, peer exchange or uTP.
-    type: dict
-    suboptions:
-      torrent:
-        description: Path on the host of the torrent the site mirror made (its root is
-          the commit; refused when it differs from the listing).
-        type: path
-      infohash:
-        description: The torrent's v1 infohash, as the control node computed it; another
-          torrent is refused.
-        type: str
-      listen:
-        description: The host's fleet address (an IP address) to listen and connect from.
-        type: str
-      port:
-        description: The TCP port the model's swarm listens on (the same on every host).
-        type: int
-        default: 6881
-      peers:
-        description: The fleet hosts' IP addresses (this host's own is left out).
-        type: list
-        elements: str
-        default: []
-      web_seed:
-        description: Use O(endpoint) as the web seed (BEP 19; it must honour Range).
-        type: bool
-        default: true
-      mirror_address:
-        description: The web seed's IP address, when O(endpoint) names the mirror by name.
-        type: str
-      upload_rate:
-        description: Bytes per second this host sends to peers at most (C(0) no cap).
-        type: int
-        default: 0
-      download_rate:
-        description: Bytes per second this host receives at most (C(0) no cap).
-        type: int
-        default: 0
-      timeout:
-        description: Seconds the swarm may take to bring the files; what is not complete
-          then fails the task (the next run resumes it).
-        type: float
-        default: 3600
-      seed:
-        description:
-          - After the files are verified, C(until_rollout_end) and C(forever) leave a
-            detached seeder (state in C(ROOT/.gpufleet-revisions/NAME/p2p-seeder.json));
-            C(never) seeds nothing. A seeder already seeding this commit is left as is;
-            one of another commit is stopped first.
-        type: str
-        choices: [until_rollout_end, forever, never]
-        default: until_rollout_end
-      seed_max:
-        description: Seconds an C(until_rollout_end) seeder seeds at most, should the
-          stop never come.
-        type: float
-        default: 86400
-      stop:
-        description: Stop the model's seeder (its stop file, then wait for it to end);
-          nothing is fetched.
-        type: bool
-        default: false
+      - After the files are verified, C(until_rollout_end) and C(forever) leave a
+        detached seeder (state in C(ROOT/.gpufleet-revisions/NAME/p2p-seeder.json));
+        C(never) seeds nothing. A seeder already seeding this commit is left as is;
+        one of another commit is stopped first.
+    type: str
+    choices: [until_rollout_end, forever, never]
+    default: until_rollout_end
+  p2p_seed_max:
+    description: Seconds an C(until_rollout_end) seeder seeds at most, should the
+      stop never come.
+    type: float
+    default: 86400
+  p2p_stop:
+    description: Stop the model's seeder (its stop file, then wait for it to end);
+      nothing is fetched.
+    type: bool
+    default: false
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -395,7 +389,7 @@ p2p:
       addresses of peers that sent bad pieces, dropped), blocked_peers (addresses outside
       the fleet that knocked), hash_failures, web_seed_down, seeding (the seeder left
       running, or null); in check mode would_fetch_bytes, from_peers, web_seed,
-      would_seed. With O(p2p.stop), stopped (the seeder's state, or null).
+      would_seed. With O(p2p_stop), stopped (the seeder's state, or null).
   returned: with transport p2p
   type: dict
 pruned:
@@ -441,18 +435,18 @@ def main():
             revisions_keep=dict(type="int", default=revisions.KEEP_MIN),
             revisions_pinned=dict(type="list", elements="str", default=[]),
             transport=dict(type="str", choices=["http", "p2p"], default="http"),
-            p2p=dict(type="dict", options=dict(
-                torrent=dict(type="path"), infohash=dict(type="str"),
-                listen=dict(type="str"), port=dict(type="int", default=p2p.DEFAULT_PORT),
-                peers=dict(type="list", elements="str", default=[]),
-                web_seed=dict(type="bool", default=True), mirror_address=dict(type="str"),
-                upload_rate=dict(type="int", default=0),
-                download_rate=dict(type="int", default=0),
-                timeout=dict(type="float", default=3600),
-                seed=dict(type="str", choices=list(p2p.SEED_POLICIES),
+            # the swarm (transport p2p): flat options, checked by options.check below
+            p2p_torrent=dict(type="path"), p2p_infohash=dict(type="str"),
+            p2p_listen=dict(type="str"), p2p_port=dict(type="int", default=p2p.DEFAULT_PORT),
+            p2p_peers=dict(type="list", elements="str", default=[]),
+            p2p_web_seed=dict(type="bool", default=True), p2p_mirror_address=dict(type="str"),
+            p2p_upload_rate=dict(type="int", default=0),
+            p2p_download_rate=dict(type="int", default=0),
+            p2p_timeout=dict(type="float", default=3600),
+            p2p_seed=dict(type="str", choices=list(p2p.SEED_POLICIES),
                           default="until_rollout_end"),
-                seed_max=dict(type="float", default=86400),
-                stop=dict(type="bool", default=False))),
+            p2p_seed_max=dict(type="float", default=86400),
+            p2p_stop=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -468,6 +462,11 @@ def main():
             "max_api_bytes": options.whole(1, 2 ** 40, "bytes"),
             "max_listing_entries": options.whole(1, 10 ** 8),
             "revisions_keep": options.whole(revisions.KEEP_MIN, revisions.KEEP_MAX),
+            "p2p_port": p2p.port_option,
+            "p2p_upload_rate": options.whole(0, p2p.MAX_RATE, "bytes per second"),
+            "p2p_download_rate": options.whole(0, p2p.MAX_RATE, "bytes per second"),
+            "p2p_timeout": options.number(above=0, high=options.YEAR, unit="seconds"),
+            "p2p_seed_max": options.number(above=0, high=options.YEAR, unit="seconds"),
         })
     except options.OptionError as exc:
         module.fail_json(msg=str(exc))
@@ -486,7 +485,7 @@ def main():
     endpoint = p["endpoint"] or os.environ.get("HF_ENDPOINT") or PUBLIC_ENDPOINT
     job = runner = None
     if p["transport"] == "p2p":
-        opts = p["p2p"] or {}
+        opts = {k[len("p2p_"):]: v for k, v in p.items() if k.startswith("p2p_")}
         try:
             store = revisions.Layout(p["dest"]).store
         except HubError as exc:
@@ -496,7 +495,7 @@ def main():
         try:
             job = p2p.peer_job(opts, p["repo_id"], endpoint)
             if not module.check_mode and not job["torrent"]:
-                raise p2p.P2PError("p2p.torrent is required to fetch (the site mirror's "
+                raise p2p.P2PError("p2p_torrent is required to fetch (the site mirror's "
                                    "torrent of the model, copied to the host).")
         except (p2p.P2PError, HubError) as exc:
             module.fail_json(msg=f"p2p: {exc} Nothing was fetched.")
@@ -514,8 +513,7 @@ def main():
             max_workers=p["max_workers"], check_mode=module.check_mode, lock=lock,
             **({"runner": runner} if runner else {}))
         if job is not None:
-            result["p2p"], seeded = p2p.report(result, job, runner, store,
-                                               p["p2p"]["seed"] if p["p2p"] else "never",
+            result["p2p"], seeded = p2p.report(result, job, runner, store, p["p2p_seed"],
                                                module.check_mode)
             result["changed"] = bool(result["changed"] or seeded)
     except HubError as exc:
@@ -534,7 +532,7 @@ def main():
 
 
 def _stop(module, store):
-    """p2p.stop: end the model's seeder; changed when one was running."""
+    """p2p_stop: end the model's seeder; changed when one was running."""
     state = p2p.seeder_state(store)
     running = bool(state and state["running"])
     if module.check_mode:

@@ -265,9 +265,9 @@ def test_runner_brings_the_missing_bytes_and_not_when_none_are(stub, tmp_path):
 # ---------------------------------------------------------------- hf_model's p2p options
 
 def _margs(stub, dest, **p2p_opts):
+    opts = {"listen": "127.0.0.1", "peers": ["127.0.0.2"], "port": 7000, **p2p_opts}
     return {"repo_id": "org/tiny", "dest": str(dest), "endpoint": stub.url,
-            "transport": "p2p", "p2p": {"listen": "127.0.0.1", "peers": ["127.0.0.2"],
-                                        "port": 7000, **p2p_opts}}
+            "transport": "p2p", **{f"p2p_{k}": v for k, v in opts.items()}}
 
 
 def test_module_check_mode_says_what_from_where_and_writes_nothing(stub, tmp_path, monkeypatch):
@@ -282,7 +282,7 @@ def test_module_check_mode_says_what_from_where_and_writes_nothing(stub, tmp_pat
 
 
 @pytest.mark.parametrize("opts, match", [
-    ({}, "p2p.torrent is required"),
+    ({}, "p2p_torrent is required"),
     ({"listen": "gpu-a", "torrent": "/t"}, "not an IP address")])
 def test_module_refuses_before_fetching(stub, tmp_path, monkeypatch, opts, match):
     dest = tmp_path / "m" / "tiny"
@@ -294,6 +294,6 @@ def test_module_refuses_before_fetching(stub, tmp_path, monkeypatch, opts, match
 def test_module_stop_with_no_seeder_changes_nothing(stub, tmp_path, monkeypatch):
     dest = tmp_path / "m" / "tiny"
     res, failed = run_module(hf_model.main, {"repo_id": "org/tiny", "dest": str(dest),
-                                             "transport": "p2p", "p2p": {"stop": True}},
+                                             "transport": "p2p", "p2p_stop": True},
                              monkeypatch)
     assert not failed and res["changed"] is False and res["p2p"] == {"stopped": None}

@@ -632,6 +632,16 @@ def _port(value, name):
         raise P2PError(str(exc)) from None
 
 
+def port_option(name, value, show=None):
+    """A module option's rule (options.check) for a swarm's port: grammar.port."""
+    from .options import OptionError  # noqa: PLC0415
+
+    try:
+        return grammar.port(value, name)
+    except grammar.GrammarError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def model_transports(items, default):
     """{repo_id: transport} of model_fetch's items (an item's `transport` overrides the
     fleet's), and the problems (a transport that is neither http nor p2p)."""
