@@ -12,7 +12,7 @@ import os
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import (
-    prometheus_text, rollout, serve, tune, upgrade)
+    p2p, prometheus_text, rollout, serve, tune, upgrade)
 
 # The collection's root (the checkout, through collections/, or an installed copy): the
 # state check's roles and code are this folder's, wherever the playbook that runs it lives
@@ -29,6 +29,29 @@ def _wrap(func):
     call.__name__ = func.__name__
     call.__doc__ = func.__doc__
     return call
+
+
+def p2p_problems(models, transport, seed, upload_rate, download_rate, port):
+    """model_fetch's preflight of its p2p settings (p2p.check_settings, p2p.model_transports):
+    the problems, each naming the variable and what it takes."""
+    _, problems = p2p.model_transports(models, transport)
+    return p2p.check_settings(transport, seed, upload_rate, download_rate, port) + problems
+
+
+def p2p_fleet(hosts, hostvars):
+    """{addresses: {host: IP}, problems} of the p2p hosts (p2p.fleet_addresses)."""
+    pairs, problems = p2p.fleet_addresses(hosts, hostvars)
+    return {"addresses": dict(pairs), "problems": problems}
+
+
+def torrent_infohash(path):
+    """The v1 infohash of a torrent file on the control node (p2p.infohashes, plain
+    Python): what the hosts are told to accept."""
+    try:
+        with open(path, "rb") as fh:
+            return p2p.infohashes(fh.read())[0]
+    except (OSError, p2p.P2PError) as exc:
+        raise AnsibleFilterError(f"torrent {path}: {exc}") from exc
 
 
 def metric_samples(text):
@@ -254,6 +277,11 @@ class FilterModule:
             "gpufleet_rollback_vars": _wrap(upgrade.rollback_vars),
             "gpufleet_record_commits": _wrap(upgrade.record_commits),
             "gpufleet_metric_samples": metric_samples,
+            "gpufleet_p2p_problems": p2p_problems,
+            "gpufleet_p2p_fleet": p2p_fleet,
+            "gpufleet_p2p_port": p2p.model_port,
+            "gpufleet_torrent_infohash": torrent_infohash,
+            "gpufleet_torrent_name": p2p.torrent_name,
             "gpufleet_local_url": serve.local_url,
             "gpufleet_target": serve.target,
             "gpufleet_stale_cache_dirs": serve.stale_cache_dirs,

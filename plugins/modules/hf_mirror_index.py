@@ -32,6 +32,15 @@ options:
     type: list
     elements: dict
     required: true
+  torrents:
+    description:
+      - Folder where a private BitTorrent torrent of each published folder is written
+        (C(org--name.torrent) and C(org--name.json) with its commit and infohash), for
+        model_fetch's p2p transport (docs/model-fetch.md, "Peer-to-peer fan-out"). Made
+        only from the verified manifest, deterministic (rewritten only when the folder's
+        commit or files change). Needs libtorrent in the host's Python
+        (Debian C(python3-libtorrent)). Unset, no torrent is made.
+    type: path
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -71,6 +80,12 @@ repos:
   returned: success
   type: list
   elements: dict
+torrents:
+  description: With O(torrents), one item per repo (repo_id, commit, infohash, infohash_v2,
+    torrent, changed).
+  returned: with torrents
+  type: list
+  elements: dict
 changed_paths:
   description: Paths under root that were (or in check mode would be) written or removed.
   returned: success
@@ -81,7 +96,8 @@ changed_paths:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import HubError
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub_mirror import build_site
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import p2p
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub_mirror import build_site, read_model_folder
 
 
 def main():
@@ -89,6 +105,7 @@ def main():
         argument_spec=dict(
             root=dict(type="path", required=True),
             models=dict(type="list", elements="dict", required=True),
+            torrents=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -103,6 +120,13 @@ def main():
                                "{'path': FOLDER, 'repo_id': 'org/name'}.")
         result = build_site(module.params["root"], module.params["models"],
                             check_mode=module.check_mode)
+        if module.params["torrents"]:
+            result["torrents"], paths = p2p.write_torrents(
+                module.params["torrents"],
+                [read_model_folder(m["path"], m.get("repo_id")) for m in module.params["models"]],
+                check_mode=module.check_mode)
+            result["changed_paths"] = result["changed_paths"] + paths
+            result["changed"] = bool(result["changed"] or paths)
     except HubError as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:  # root cannot be made or written: a path, a permission, a full disk

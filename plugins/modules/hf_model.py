@@ -192,11 +192,82 @@ options:
     type: list
     elements: str
     default: []
+  transport:
+    description:
+      - How the missing bytes come. C(http) from O(endpoint) (the mirror); C(p2p) over
+        BitTorrent (libtorrent, Debian C(python3-libtorrent) on the host) from the fleet's
+        other hosts, with the mirror as web seed, using the torrent the site mirror made
+        (O(p2p_torrent)). Either way the listing comes from O(endpoint) and every file is
+        checked with the same rule (sha256 / git blob sha1, the lock's sha256) before it
+        gets its final name; see docs/model-fetch.md, "Peer-to-peer fan-out".
+    type: str
+    choices: [http, p2p]
+    default: http
+  p2p_torrent:
+    description: Path on the host of the torrent the site mirror made (its root is
+      the commit; refused when it differs from the listing).
+    type: path
+  p2p_infohash:
+    description: The torrent's v1 infohash, as the control node computed it; another
+      torrent is refused.
+    type: str
+  p2p_listen:
+    description: The host's fleet address (an IP address) to listen and connect from.
+    type: str
+  p2p_port:
+    description: The TCP port the model's swarm listens on (the same on every host).
+    type: int
+    default: 6881
+  p2p_peers:
+    description: The fleet hosts' IP addresses (this host's own is left out).
+    type: list
+    elements: str
+    default: []
+  p2p_web_seed:
+    description: Use O(endpoint) as the web seed (BEP 19; it must honour Range).
+    type: bool
+    default: true
+  p2p_mirror_address:
+    description: The web seed's IP address, when O(endpoint) names the mirror by name.
+    type: str
+  p2p_upload_rate:
+    description: Bytes per second this host sends to peers at most (C(0) no cap).
+    type: int
+    default: 0
+  p2p_download_rate:
+    description: Bytes per second this host receives at most (C(0) no cap).
+    type: int
+    default: 0
+  p2p_timeout:
+    description: Seconds the swarm may take to bring the files; what is not complete
+      then fails the task (the next run resumes it).
+    type: float
+    default: 3600
+  p2p_seed:
+    description:
+      - After the files are verified, C(until_rollout_end) and C(forever) leave a
+        detached seeder (state in C(ROOT/.gpufleet-revisions/NAME/p2p-seeder.json));
+        C(never) seeds nothing. A seeder already seeding this commit is left as is;
+        one of another commit is stopped first.
+    type: str
+    choices: [until_rollout_end, forever, never]
+    default: until_rollout_end
+  p2p_seed_max:
+    description: Seconds an C(until_rollout_end) seeder seeds at most, should the
+      stop never come.
+    type: float
+    default: 86400
+  p2p_stop:
+    description: Stop the model's seeder (its stop file, then wait for it to end);
+      nothing is fetched.
+    type: bool
+    default: false
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-    details: Lists the files and reports which would be downloaded or hashed; writes nothing.
+    details: Lists the files and reports which would be downloaded or hashed (with
+      O(transport=p2p), from which peers and web seed); writes nothing, starts nothing.
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: partial
@@ -325,6 +396,15 @@ offline_refused:
       with this text.
   returned: when the folder was refused
   type: str
+p2p:
+  description:
+    - With O(transport=p2p) bytes_from_peers, bytes_from_web_seed, banned_peers (the
+      addresses of peers that sent bad pieces, dropped), blocked_peers (addresses outside
+      the fleet that knocked), hash_failures, web_seed_down, seeding (the seeder left
+      running, or null); in check mode would_fetch_bytes, from_peers, web_seed,
+      would_seed. With O(p2p_stop), stopped (the seeder's state, or null).
+  returned: with transport p2p
+  type: dict
 pruned:
   description: Commits whose folders were removed beyond O(revisions_keep) (in check mode,
     would be).
@@ -339,6 +419,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import model_lock
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import p2p
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import revisions
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import tls
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError
@@ -368,6 +449,19 @@ def main():
             lock=dict(type="raw"),
             revisions_keep=dict(type="int", default=revisions.KEEP_MIN),
             revisions_pinned=dict(type="list", elements="str", default=[]),
+            transport=dict(type="str", choices=["http", "p2p"], default="http"),
+            # the swarm (transport p2p): flat options, checked by options.check below
+            p2p_torrent=dict(type="path"), p2p_infohash=dict(type="str"),
+            p2p_listen=dict(type="str"), p2p_port=dict(type="int", default=p2p.DEFAULT_PORT),
+            p2p_peers=dict(type="list", elements="str", default=[]),
+            p2p_web_seed=dict(type="bool", default=True), p2p_mirror_address=dict(type="str"),
+            p2p_upload_rate=dict(type="int", default=0),
+            p2p_download_rate=dict(type="int", default=0),
+            p2p_timeout=dict(type="float", default=3600),
+            p2p_seed=dict(type="str", choices=list(p2p.SEED_POLICIES),
+                          default="until_rollout_end"),
+            p2p_seed_max=dict(type="float", default=86400),
+            p2p_stop=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -383,6 +477,11 @@ def main():
             "max_api_bytes": options.whole(1, 2 ** 40, "bytes"),
             "max_listing_entries": options.whole(1, 10 ** 8),
             "revisions_keep": options.whole(revisions.KEEP_MIN, revisions.KEEP_MAX),
+            "p2p_port": p2p.port_option,
+            "p2p_upload_rate": options.whole(0, p2p.MAX_RATE, "bytes per second"),
+            "p2p_download_rate": options.whole(0, p2p.MAX_RATE, "bytes per second"),
+            "p2p_timeout": options.number(above=0, high=options.YEAR, unit="seconds"),
+            "p2p_seed_max": options.number(above=0, high=options.YEAR, unit="seconds"),
         })
     except options.OptionError as exc:
         module.fail_json(msg=str(exc))
@@ -399,6 +498,23 @@ def main():
     if token:
         module.no_log_values.add(token)
     endpoint = p["endpoint"] or os.environ.get("HF_ENDPOINT") or PUBLIC_ENDPOINT
+    job = runner = None
+    if p["transport"] == "p2p":
+        opts = {k[len("p2p_"):]: v for k, v in p.items() if k.startswith("p2p_")}
+        try:
+            store = revisions.Layout(p["dest"]).store
+        except HubError as exc:
+            module.fail_json(msg=str(exc))
+        if opts.get("stop"):
+            _stop(module, store)
+        try:
+            job = p2p.peer_job(opts, p["repo_id"], endpoint)
+            if not module.check_mode and not job["torrent"]:
+                raise p2p.P2PError("p2p_torrent is required to fetch (the site mirror's "
+                                   "torrent of the model, copied to the host).")
+        except (p2p.P2PError, HubError) as exc:
+            module.fail_json(msg=f"p2p: {exc} Nothing was fetched.")
+        runner = None if module.check_mode else p2p.Runner(job, p["repo_id"])
     try:
         session = None
         if p["ca_file"]:  # gpufleet.tls.client_session: the one rule of a verifying client
@@ -421,9 +537,17 @@ def main():
             client, p["repo_id"], p["revision"], p["dest"], keep=p["revisions_keep"],
             pinned=p["revisions_pinned"], allow_patterns=p["allow_patterns"],
             ignore_patterns=p["ignore_patterns"], verify=p["verify"],
-            max_workers=p["max_workers"], check_mode=module.check_mode, lock=lock)
+            max_workers=p["max_workers"], check_mode=module.check_mode, lock=lock,
+            **({"runner": runner} if runner else {}))
+        if job is not None:
+            result["p2p"], seeded = p2p.report(result, job, runner, store, p["p2p_seed"],
+                                               module.check_mode)
+            result["changed"] = bool(result["changed"] or seeded)
     except HubError as exc:
         partial = getattr(exc, "result", {})
+        if runner is not None and runner.result:  # the swarm's verdict: who sent bad pieces
+            partial = dict(partial, p2p={"banned_peers": runner.result["banned_peers"],
+                                         "bytes_by_source": runner.result["bytes_by_source"]})
         module.fail_json(msg=str(exc), **partial)
     except OSError as exc:  # dest cannot be made or read: a path, a permission, a full disk
         module.fail_json(msg=f"cannot fetch into dest {p['dest']}: {exc.strerror or exc}")
@@ -432,6 +556,19 @@ def main():
     if module._diff:  # pylint: disable=protected-access
         result["diff"] = revisions.diff(p["dest"], result)
     module.exit_json(**result)
+
+
+def _stop(module, store):
+    """p2p_stop: end the model's seeder; changed when one was running."""
+    state = p2p.seeder_state(store)
+    running = bool(state and state["running"])
+    if module.check_mode:
+        module.exit_json(changed=running, p2p={"stopped": state if running else None})
+    try:
+        stopped = p2p.stop_seeder(store)
+    except (p2p.P2PError, OSError) as exc:
+        module.fail_json(msg=f"p2p: {exc}")
+    module.exit_json(changed=stopped is not None, p2p={"stopped": stopped})
 
 
 if __name__ == "__main__":

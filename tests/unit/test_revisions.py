@@ -323,7 +323,8 @@ def _role_pins(record, inventory_pins=None):
     assert expr.startswith("{{") and expr.endswith("}}")
     pins = env.compile_expression(expr[2:-2])(__fleet_upgrade_pins={"record": record},
                                               model_fetch_revisions_pinned=inventory_pins or [])
-    passed = fetch_yml[0]["gpufleet.fleet.hf_model"]["revisions_pinned"]
+    fetch = next(t for t in fetch_yml if "gpufleet.fleet.hf_model" in t)  # p2p steps first
+    passed = fetch["gpufleet.fleet.hf_model"]["revisions_pinned"]
     assert passed == "{{ model_fetch_revisions_pinned }}", passed
     return pins
 

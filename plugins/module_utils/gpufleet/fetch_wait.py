@@ -115,8 +115,18 @@ def _gib(n):
 
 def progress_line(label, progress):
     """One progress report: 'org/name: 3/10 files, 1.20/14.50 GiB verified (1.30 GiB
-    downloaded)' from progress.json's fields."""
+    downloaded)' from progress.json's fields; a p2p fetch adds its bytes from peers and
+    from the web seed."""
     p = progress
     return (f"{label}: {p['files_done']}/{p['files_total']} files, "
             f"{_gib(p['bytes_verified'])}/{_gib(p['bytes_total'])} GiB verified "
-            f"({_gib(p['bytes_downloaded'])} GiB downloaded)")
+            f"({_gib(p['bytes_downloaded'])} GiB downloaded{_sources(p)})")
+
+
+def _sources(p):
+    """', 1.00 from peers, 0.30 from the web seed' of a p2p fetch's progress (its extra
+    counts, written by gpufleet.p2p's runner); '' for an http fetch."""
+    peers, seed = p.get("bytes_from_peers"), p.get("bytes_from_web_seed")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (peers, seed)):
+        return ""
+    return f": {_gib(peers)} GiB from peers, {_gib(seed)} GiB from the web seed"

@@ -1062,12 +1062,15 @@ class _Lock:
 
 def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patterns=None,
               verify="manifest", max_workers=8, check_mode=False, lock=None, resolved=None,
-              progress_path=None):
+              progress_path=None, runner=None):
     """Make dest hold the verified files of repo_id@revision. Returns a result dict.
 
     resolved: (commit, listing) already read from the endpoint by the caller
     (revisions.sync_revision), so they are not asked for twice. progress_path: where the
-    progress file goes (default dest/.gpufleet/progress.json).
+    progress file goes (default dest/.gpufleet/progress.json). runner: what brings the
+    missing bytes instead of the mirror's http (p2p.Runner: runner(fetcher, plan,
+    progress_path) -> (outcome, errors)), called after the disk-space check; not called
+    when nothing is missing.
 
     lock: the model's lock (model_lock.ModelLock or its dict): the revision must resolve
     to its commit, the selected files must be the lock's (same patterns) with its sha256s,
@@ -1137,7 +1140,10 @@ def sync_repo(client, repo_id, revision, dest, allow_patterns=None, ignore_patte
     os.makedirs(dest, exist_ok=True)
     lock = _Lock(dest)
     try:
-        outcome, errors = fetcher.run(plan, progress_path=progress_path)
+        if runner is not None and needed:
+            outcome, errors = runner(fetcher, plan, progress_path=progress_path)
+        else:
+            outcome, errors = fetcher.run(plan, progress_path=progress_path)
         for path in deleted:
             os.unlink(path_under(dest, path, final_may_be_link=True))
         changed = _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan,

@@ -37,7 +37,7 @@ import time
 
 from . import grammar
 from .hub import (CHUNK, STATE_DIR, HubError, RepoFile, UnsafePathError, _HEX40,
-                  _open_nofollow, manifest_entries, path_under, safe_relpath,
+                  _open_nofollow, manifest_entries, path_under, safe_relpath, state_path,
                   validate_repo_id, write_manifest)
 
 P2P_DIR = "p2p"  # dest/.gpufleet/p2p/<commit>/...: libtorrent's storage (partial area)
@@ -389,7 +389,7 @@ def _block_bytes(ti, piece, block, block_size=16 << 10):
     return max(0, min(block_size, ti.piece_size(piece) - block * block_size))
 
 
-def run_peer(job, log=None):
+def run_peer(job, log=None, progress=None):
     """One host's session until it is done: `job` (a dict, JSON-able):
 
     torrent (path), dest, listing ([{path, size, algorithm, digest, pinned}]), commit,
@@ -398,7 +398,9 @@ def run_peer(job, log=None):
     one that ignores Range fails the run, one that does not answer is left out),
     seed_only (dest is verified already),
     stop_file (seeding ends when it exists; without one the run ends when complete),
-    upload_rate / download_rate (bytes/s, 0: no cap), timeout (seconds for the whole run).
+    upload_rate / download_rate (bytes/s, 0: no cap), timeout (seconds for the whole run;
+    0: none, for a seeder told to seed until stopped), write_manifest (default true).
+    progress(files_placed, {peers, web_seed}) is called about once a second.
     Returns summary() plus bytes and events. Files are verified with hf_model's rule
     before they get their final name; a complete run writes dest's manifest."""
     lt = _lt()
@@ -466,8 +468,10 @@ def run_peer(job, log=None):
     by_peer = {}  # bytes of blocks received, by the sender's address
     ti = atp.ti
     mirror_ip = _url_host(job.get("web_seed"))
-    deadline = start + float(job.get("timeout", 600))
+    timeout = float(job.get("timeout", 600))
+    deadline = start + timeout if timeout > 0 else float("inf")
     finished_at = None
+    last_progress = 0.0
     while time.monotonic() < deadline:
         completed = []
         for a in ses.pop_alerts():
@@ -488,9 +492,9 @@ def run_peer(job, log=None):
                 note("error", message=a.message())
         if len(done | rejected) < len(carried):
             # alerts can be dropped when the queue is full: the pieces' progress is the truth
-            progress = h.file_progress(lt.torrent_handle.piece_granularity)
+            have = h.file_progress(lt.torrent_handle.piece_granularity)
             completed += [i for i, rel in index.items()
-                          if rel in by_path and progress[i] == by_path[rel].size]
+                          if rel in by_path and have[i] == by_path[rel].size]
         for i in completed:
             rel = index.get(i)
             f = by_path.get(rel)
@@ -505,6 +509,9 @@ def run_peer(job, log=None):
                 place_file(dest, partial, f)
                 done.add(rel)
                 note("placed", path=rel)
+        if progress and time.monotonic() - last_progress >= 1.0:
+            last_progress = time.monotonic()
+            progress(len(done), _by_source(by_peer, mirror_ip))
         if finished_at is None and len(done) == len(carried):
             finished_at = time.monotonic()
             if not job.get("seed_only"):
@@ -521,8 +528,9 @@ def run_peer(job, log=None):
                 break
         time.sleep(0.1)
     st = h.status()
-    from_sources = {"peers": sum(n for ip, n in by_peer.items() if ip != mirror_ip),
-                    "web_seed": by_peer.get(mirror_ip, 0)}
+    from_sources = _by_source(by_peer, mirror_ip)
+    if progress:
+        progress(len(done), from_sources)
     result = summary(events, carried)
     result.update({"infohash": facts["infohash"], "events": events,
                    "payload_downloaded": st.total_payload_download,
@@ -532,6 +540,11 @@ def run_peer(job, log=None):
     ses.remove_torrent(h)
     del ses
     return result
+
+
+def _by_source(by_peer, mirror_ip):
+    return {"peers": sum(n for ip, n in by_peer.items() if ip != mirror_ip),
+            "web_seed": by_peer.get(mirror_ip, 0)}
 
 
 def _link_for_seeding(dest, save, commit, f):
@@ -558,10 +571,450 @@ def _finish(dest, job, listing, carried):
                 pass
             if verify_file(final, f):
                 raise P2PError(f"{f.path}: an empty file does not hash to the listing's digest.")
-    write_manifest(dest, job.get("repo_id", ""), job.get("revision", job["commit"]),
-                   job["commit"], job.get("endpoint", "p2p"), manifest_entries(dest, listing))
+    if job.get("write_manifest", True):
+        write_manifest(dest, job.get("repo_id", ""), job.get("revision", job["commit"]),
+                       job["commit"], job.get("endpoint", "p2p"),
+                       manifest_entries(dest, listing))
 
 
 def cleanup(dest, commit):
     """Remove the partial area once seeding has stopped (dest's files are other links)."""
     shutil.rmtree(os.path.join(partial_root(dest), commit), ignore_errors=True)
+
+
+# ---------------------------------------------------------------- fleet wiring (model_fetch)
+
+TRANSPORTS = ("http", "p2p")
+# After a host's files are verified: seed until the rollout's end (the role's p2p_stop
+# entry point, run by playbooks/site.yml's Models play and playbooks/upgrade.yml at their
+# end; at most seed_max seconds), until told (forever: only p2p_stop with force, or a new
+# commit of the model, stops it), or not at all.
+SEED_POLICIES = ("until_rollout_end", "forever", "never")
+SEEDER_STATE = "p2p-seeder.json"  # ROOT/.gpufleet-revisions/NAME/: one seeder per model
+SEEDER_STOP = "p2p-stop"
+SEEDER_LOG = "p2p-seeder.log"
+MAX_RATE = 2 ** 40  # bytes/s: a cap above 1 TiB/s is a typo
+
+
+def _whole(value, name, low, high):
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise P2PError(f"{name} must be a whole number from {low} to {high}, not {value!r:.40}.")
+    return value
+
+
+def check_settings(transport, seed, upload_rate, download_rate, port):
+    """The fleet-wide p2p settings of model_fetch (preflight): a list of problems, each
+    naming the variable and what it takes (empty: fine)."""
+    problems = []
+    if transport not in TRANSPORTS:
+        problems.append(f"model_fetch_transport is {transport!r:.40}: give http or p2p")
+    if seed not in SEED_POLICIES:
+        problems.append(f"model_fetch_p2p_seed is {seed!r:.40}: give one of "
+                        f"{', '.join(SEED_POLICIES)}")
+    for name, value in (("model_fetch_p2p_upload_rate", upload_rate),
+                        ("model_fetch_p2p_download_rate", download_rate)):
+        try:
+            _whole(value, name, 0, MAX_RATE)
+        except P2PError as exc:
+            problems.append(str(exc).rstrip("."))
+    try:
+        _port(port, "model_fetch_p2p_port")
+    except P2PError as exc:
+        problems.append(str(exc).rstrip("."))
+    return problems
+
+
+def _port(value, name):
+    """grammar.port (the one rule of a TCP port), as a P2PError."""
+    try:
+        return grammar.port(value, name)
+    except grammar.GrammarError as exc:
+        raise P2PError(str(exc)) from None
+
+
+def port_option(name, value, show=None):
+    """A module option's rule (options.check) for a swarm's port: grammar.port."""
+    from .options import OptionError  # noqa: PLC0415
+
+    try:
+        return grammar.port(value, name)
+    except grammar.GrammarError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def model_transports(items, default):
+    """{repo_id: transport} of model_fetch's items (an item's `transport` overrides the
+    fleet's), and the problems (a transport that is neither http nor p2p)."""
+    out, problems = {}, []
+    for item in items or []:
+        transport = item.get("transport", default)
+        if transport not in TRANSPORTS:
+            problems.append(f"model {item.get('repo_id')!r:.80}: transport {transport!r:.40} "
+                            "is neither http nor p2p")
+        out[item.get("repo_id")] = transport
+    return out, problems
+
+
+def model_port(base, index):
+    """The listen port of the index-th model of model_fetch_models: one per model, the
+    same on every host (its peers dial it), so two models' seeders never share one."""
+    base = _port(base, "model_fetch_p2p_port")
+    return _port(base + int(index), f"model_fetch_p2p_port + {int(index)} (the model's place "
+                 "in model_fetch_models)")
+
+
+def fleet_addresses(hosts, hostvars):
+    """[(host, address)] of the inventory's p2p hosts and the problems: each host's fleet
+    address by the one rule other roles use (serve.reachable_address: the operator's
+    model_fetch_p2p_address, else the inventory's ansible_host, else the host's name),
+    which must be an IP address (a name would be resolved differently by each peer)."""
+    from .serve import reachable_address  # noqa: PLC0415 - plain Python, no cycle
+
+    out, problems = [], []
+    for host in hosts or []:
+        hv = hostvars.get(host, {}) if hasattr(hostvars, "get") else {}
+        addr = reachable_address("0.0.0.0", hv.get("model_fetch_p2p_address", ""),
+                                 hv.get("ansible_host", host))
+        try:
+            allow_list([addr])
+        except P2PError:
+            problems.append(f"{host}: its fleet address {addr!r:.80} is not an IP address; "
+                            "set model_fetch_p2p_address (or ansible_host) to the address "
+                            "the other GPU hosts reach it at")
+            continue
+        out.append((host, addr))
+    return out, problems
+
+
+def peer_job(opts, repo_id, endpoint):
+    """run_peer's job (without dest, listing, commit) from hf_model's p2p options: the
+    host's listen address, the other fleet hosts' addr:port, the allow-list (those and
+    the mirror) and the web seed URL (None without one), caps and timeout."""
+    listen = opts.get("listen")
+    try:
+        listen = allow_list([listen])[0]
+        fleet = allow_list(list(opts.get("peers") or []) + [listen])
+    except P2PError as exc:
+        raise P2PError(f"p2p.listen / p2p.peers: {exc}") from None
+    port = opts.get("port", DEFAULT_PORT)
+    others = [a for a in fleet if a != listen]
+    peers = [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in others]
+    seed_url = web_seed_url(endpoint, repo_id) if opts.get("web_seed", True) else None
+    mirror = opts.get("mirror_address") or (_url_host(seed_url) if seed_url else None)
+    if seed_url:
+        try:
+            allow_list([mirror])
+        except P2PError:
+            raise P2PError(f"the web seed's host {mirror!r:.80} is not an IP address: set "
+                           "model_fetch_p2p_mirror_address to the site mirror's address "
+                           "(libtorrent's filter allows addresses, not names).") from None
+    job = {"listen": listen, "port": port, "peers": peers,
+           "allow": allow_list(fleet, mirror if seed_url else None), "web_seed": seed_url,
+           "torrent": opts.get("torrent"), "infohash": opts.get("infohash") or None,
+           "upload_rate": opts.get("upload_rate", 0) or 0,
+           "download_rate": opts.get("download_rate", 0) or 0,
+           "timeout": opts.get("timeout", 3600),
+           "seed": opts.get("seed", "until_rollout_end"), "seed_max": opts.get("seed_max", 86400)}
+    for name in ("upload_rate", "download_rate"):
+        _whole(job[name], f"p2p.{name} (bytes/s, 0: no cap)", 0, MAX_RATE)
+    if not isinstance(job["timeout"], (int, float)) or job["timeout"] <= 0:
+        raise P2PError(f"p2p.timeout must be a number of seconds above 0, not "
+                       f"{job['timeout']!r:.40}.")
+    settings(listen, port, job["upload_rate"], job["download_rate"])  # refuses a bad port
+    return job
+
+
+def seeds_after_fetch(policy):
+    """Whether a host keeps seeding once its files are verified."""
+    if policy not in SEED_POLICIES:
+        raise P2PError(f"seed policy {policy!r:.40} is not one of {', '.join(SEED_POLICIES)}.")
+    return policy != "never"
+
+
+def stops_at_rollout_end(policy, force=False):
+    """Whether the role's p2p_stop entry point stops a seeder of this policy."""
+    return force or policy == "until_rollout_end"
+
+
+def check_plan(result, job):
+    """What check mode says about a p2p fetch: bytes from where, nothing changed."""
+    return {"transport": "p2p", "would_fetch_bytes": result.get("bytes_to_download", 0),
+            "from_peers": job.get("peers", []), "web_seed": job.get("web_seed"),
+            "listen": f"{job.get('listen')}:{job.get('port')}"}
+
+
+# ---------------------------------------------------------------- fetch (hub.sync_repo's runner)
+
+def _progress_writer(path, total_files, total_bytes):
+    from .hub import _write_json_atomic  # noqa: PLC0415
+
+    def write(files_done, verified, by_source):
+        if not path:
+            return
+        got = int(by_source.get("peers", 0)) + int(by_source.get("web_seed", 0))
+        _write_json_atomic(path, {
+            "files_done": files_done, "files_total": total_files,
+            "bytes_downloaded": got, "bytes_verified": min(verified, total_bytes),
+            "bytes_total": total_bytes, "bytes_from_peers": int(by_source.get("peers", 0)),
+            "bytes_from_web_seed": int(by_source.get("web_seed", 0)),
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())})
+    return write
+
+
+class Runner:
+    """hub.sync_repo's runner for p2p: takes the Fetcher's plan (files trusted, present,
+    missing...) and brings the missing bytes over BitTorrent. `job` is run_peer's job
+    without dest, listing and commit (the plan gives them). After it ran: .result (the
+    run_peer summary, or None when nothing had to come)."""
+
+    def __init__(self, job, repo_id=""):
+        self.job, self.repo_id, self.result = dict(job), repo_id, None
+
+    def __call__(self, fetcher, plan, progress_path=None):
+        from .hub import _Stats  # noqa: PLC0415
+
+        total = sum(f.size for f, _ in plan)
+        fetcher.stats = _Stats(fetcher.dest, len(plan), total, False)
+        # the folder's layout as after an http fetch (a re-run finds what it left)
+        os.makedirs(state_path(fetcher.dest, "incomplete"), exist_ok=True)
+        outcome, todo = {}, []
+        for f, state in plan:  # what is on disk and verifies stays: hf_model's own rule
+            final = fetcher.final_path(f)
+            if state == "trusted":
+                outcome[f.path] = "trusted"
+                continue
+            if state == "present":
+                bad = verify_file(final, f)
+                fetcher.stats.add(verified=f.size)
+                if not bad:
+                    outcome[f.path] = "verified"
+                    continue
+                fetcher.quarantine(f, final, bad)
+            elif state == "stale":
+                fetcher.quarantine(f, final, "not a regular file of the listed size")
+            elif state == "outdated":
+                os.unlink(final)
+            todo.append(f)
+        if not todo:
+            return outcome, []
+        for f, _ in plan:  # verified files are in the swarm's storage: libtorrent checks them
+            if f.path in outcome and f.size:
+                _link_for_seeding(fetcher.dest, partial_root(fetcher.dest), fetcher.commit, f)
+        write = _progress_writer(progress_path, len(plan), total)
+        done_before = sum(f.size for f, _ in plan if f.path in outcome)
+
+        def progress(placed, by_source):
+            write(len(outcome) + placed, done_before + sum(by_source.values()), by_source)
+
+        job = dict(self.job, dest=fetcher.dest, commit=fetcher.commit, repo_id=self.repo_id,
+                   listing=[{"path": f.path, "size": f.size, "algorithm": f.algorithm,
+                             "digest": f.digest, "pinned": f.pinned} for f, _ in plan],
+                   seed_only=False, stop_file=None, write_manifest=False)
+        job.pop("seed", None)
+        self.result = run_peer(job, progress=progress)
+        got = self.result["bytes_by_source"]
+        fetcher.stats.add(downloaded=got["peers"] + got["web_seed"],
+                          verified=sum(f.size for f in todo))
+        placed = set(self.result["files_placed"])
+        errors = []
+        for f in todo:
+            if f.path in placed or (f.size == 0 and self.result["complete"]):
+                outcome[f.path] = "downloaded"
+            else:
+                why = [e.get("why") for e in self.result["events"]
+                       if e["event"] == "rejected" and e.get("path") == f.path]
+                errors.append(HubError(f"{f.path}: " + (why[0] if why else
+                              "not complete from the swarm within the p2p timeout (peers "
+                              "and web seed were asked); the next run resumes it")))
+        return outcome, errors
+
+
+# ---------------------------------------------------------------- the seeder (detached)
+
+def seeder_paths(store):
+    """(state, stop, log) files of the model's seeder in its revisions store."""
+    return (os.path.join(store, SEEDER_STATE), os.path.join(store, SEEDER_STOP),
+            os.path.join(store, SEEDER_LOG))
+
+
+def _proc_start(pid, proc="/proc"):
+    try:
+        with open(f"{proc}/{int(pid)}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def seeder_state(store, proc="/proc"):
+    """The model's seeder as its state file names it, {pid, start, commit, infohash,
+    policy, ...} with running (the pid alive with the same start time: a reused pid is not
+    ours), or None when there is no state file."""
+    state_file, _, _ = seeder_paths(store)
+    try:
+        with open(state_file, encoding="utf-8") as fh:
+            state = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict):
+        return None
+    start = _proc_start(state.get("pid", 0), proc)
+    state["running"] = start is not None and start == state.get("start")
+    return state
+
+
+def stop_seeder(store, wait=30.0, proc="/proc"):
+    """Tell the model's seeder to stop (its stop file) and wait for it to end; the state
+    file goes. Returns what was stopped (its state) or None when none was running."""
+    state = seeder_state(store, proc)
+    state_file, stop_file, _ = seeder_paths(store)
+    if state is None:
+        return None
+    if state["running"]:
+        with open(stop_file, "w", encoding="utf-8"):
+            pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _proc_start(state["pid"], proc) == state["start"]:
+            time.sleep(0.2)
+        if _proc_start(state["pid"], proc) == state["start"]:
+            raise P2PError(f"the seeder (pid {state['pid']}) did not stop within {wait:g} s of "
+                           f"its stop file {stop_file}; look at {seeder_paths(store)[2]}.")
+    for path in (state_file, stop_file):
+        if os.path.lexists(path):
+            os.unlink(path)
+    return state if state["running"] else None
+
+
+def start_seeder(store, job):
+    """Seed job['dest'] (verified) in a detached process (its own session: it outlives
+    the module and Ansible's async job) until the stop file exists or job['timeout']
+    seconds; its state file lets the role find and stop it. Returns its state."""
+    state_file, stop_file, log_file = seeder_paths(store)
+    if os.path.lexists(stop_file):
+        os.unlink(stop_file)
+    job = dict(job, seed_only=True, stop_file=stop_file, web_seed=None)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: a new session, then the seeder as a grandchild
+        try:
+            os.close(read_end)
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+            null = os.open(os.devnull, os.O_RDWR)
+            log = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            os.dup2(null, 0)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.write(write_end, str(os.getpid()).encode())
+            # nothing of the caller's stays open (Ansible's async pipes, a test's capture)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
+            try:
+                result = run_peer(job, log=lambda line: print(line, flush=True))
+                print(json.dumps({k: v for k, v in result.items() if k != "events"}),
+                      flush=True)
+            except Exception as exc:  # noqa: BLE001 - the log is all that is left
+                print(f"seeder failed: {type(exc).__name__}: {exc}", flush=True)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as fh:
+        seeder = int(fh.read() or 0)
+    os.waitpid(pid, 0)
+    if not seeder:
+        raise P2PError(f"the seeder did not start; look at {log_file}.")
+    state = {"pid": seeder, "start": _proc_start(seeder), "commit": job["commit"],
+             "infohash": job.get("infohash"), "dest": job["dest"],
+             "listen": f"{job['listen']}:{job.get('port', DEFAULT_PORT)}",
+             "policy": job.get("seed", "until_rollout_end"), "log": log_file,
+             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    from .hub import _write_json_atomic  # noqa: PLC0415
+    _write_json_atomic(state_file, state)
+    return dict(state, running=True)
+
+
+def ensure_seeder(store, job, policy, check_mode=False):
+    """The model's seeder after a fetch, by policy: (changed, state). One seeder per model
+    folder: one for another commit is stopped first; one already seeding this commit is
+    left as it is (idempotent)."""
+    state = seeder_state(store)
+    if not seeds_after_fetch(policy):
+        return False, state if state and state["running"] else None
+    if state and state["running"] and state.get("commit") == job["commit"] \
+            and state.get("infohash") == job.get("infohash"):
+        return False, state
+    if check_mode:
+        return True, None
+    if state:
+        stop_seeder(store)
+    return True, start_seeder(store, dict(job, seed=policy))
+
+
+def seeder_job(result, job):
+    """The seeder's job for a fetched folder (hf_model's result: path, commit, files)."""
+    return dict(job, dest=result["path"], commit=result["commit"],
+                listing=[{k: f[k] for k in ("path", "size", "algorithm", "digest")}
+                         for f in result["files"]],
+                timeout=job.get("seed_max", 86400) if job.get("seed") != "forever" else 0)
+
+
+def report(result, job, runner, store, policy, check_mode=False):
+    """hf_model's `p2p` result after a fetch: where the bytes came from, the peers banned
+    for bad pieces (named), and the seeder the policy leaves running. Starts the seeder
+    (not in check mode). Returns (report, changed)."""
+    if check_mode:
+        out = check_plan(result, job)
+        out["would_seed"] = seeds_after_fetch(policy)
+        return out, False
+    ran = runner.result if runner is not None else None
+    out = {"transport": "p2p", "swarm": ran is not None,
+           "bytes_from_peers": ran["bytes_by_source"]["peers"] if ran else 0,
+           "bytes_from_web_seed": ran["bytes_by_source"]["web_seed"] if ran else 0,
+           "banned_peers": ran["banned_peers"] if ran else [],
+           "blocked_peers": ran["blocked_peers"] if ran else [],
+           "hash_failures": ran["hash_failures"] if ran else 0,
+           "web_seed_down": bool(ran) and any(e["event"] == "web_seed_down"
+                                              for e in ran["events"])}
+    changed, state = ensure_seeder(store, seeder_job(result, job), policy)
+    out["seeding"] = ({k: state[k] for k in ("pid", "commit", "listen", "policy", "log")}
+                      if state else None)
+    return out, changed
+
+
+# ---------------------------------------------------------------- the mirror's torrents
+
+def torrent_name(repo_id):
+    """File name (without extension) of a repo's torrent in the mirror's torrent folder:
+    one per repo, for the commit the mirror serves (its root names that commit)."""
+    return validate_repo_id(repo_id).replace("/", "--")
+
+
+def write_torrents(out_dir, models, check_mode=False):
+    """Torrents of the mirror's verified folders (hub_mirror.read_model_folder's answers):
+    out_dir/<org--name>.torrent and .json ({repo_id, commit, infohash, infohash_v2}),
+    written only when their bytes change (make_torrent is deterministic). Returns
+    ([{repo_id, commit, infohash, torrent, changed}], changed paths)."""
+    from .hub import _write_json_atomic  # noqa: PLC0415
+
+    out, changed = [], []
+    for model in models:
+        base = os.path.join(out_dir, torrent_name(model["repo_id"]))
+        data = make_torrent(model)
+        v1, v2 = infohashes(data)
+        facts = {"repo_id": model["repo_id"], "commit": model["commit"], "infohash": v1,
+                 "infohash_v2": v2}
+        try:
+            with open(base + ".torrent", "rb") as fh:
+                same = fh.read() == data
+        except OSError:
+            same = False
+        if not same:
+            changed.append(base + ".torrent")
+            if not check_mode:
+                os.makedirs(out_dir, mode=0o755, exist_ok=True)
+                tmp = f"{base}.torrent.tmp{os.getpid()}"
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, base + ".torrent")
+                _write_json_atomic(base + ".json", facts)
+        out.append(dict(facts, torrent=base + ".torrent", changed=not same))
+    return out, changed
