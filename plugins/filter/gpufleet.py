@@ -34,7 +34,7 @@ def _wrap(func):
 def p2p_problems(models, transport, seed, upload_rate, download_rate, port):
     """model_fetch's preflight of its p2p settings (p2p.check_settings, p2p.model_transports):
     the problems, each naming the variable and what it takes."""
-    _, problems = p2p.model_transports(models, transport)
+    _transports, problems = p2p.model_transports(models, transport)
     return p2p.check_settings(transport, seed, upload_rate, download_rate, port) + problems
 
 

@@ -162,7 +162,9 @@ options:
     type: str
     default: ""
   tls_ca_file:
-    description: Host path of the CA certificate a client on the host verifies an C(https) instance with; returned as each instance's C(ca_file) (empty, the system's trust store).
+    description:
+      - Host path of the CA certificate a client on the host verifies an C(https) instance with.
+      - Returned as each instance's C(ca_file) (empty, the system's trust store).
     type: str
     default: ""
 extends_documentation_fragment:

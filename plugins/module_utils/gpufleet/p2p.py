@@ -773,7 +773,7 @@ class Runner:
     def __call__(self, fetcher, plan, progress_path=None):
         from .hub import _Stats  # noqa: PLC0415
 
-        total = sum(f.size for f, _ in plan)
+        total = sum(f.size for f, _state in plan)
         fetcher.stats = _Stats(fetcher.dest, len(plan), total, False)
         # the folder's layout as after an http fetch (a re-run finds what it left)
         os.makedirs(state_path(fetcher.dest, "incomplete"), exist_ok=True)
@@ -797,18 +797,18 @@ class Runner:
             todo.append(f)
         if not todo:
             return outcome, []
-        for f, _ in plan:  # verified files are in the swarm's storage: libtorrent checks them
+        for f, _state in plan:  # verified files are in the swarm's storage: libtorrent checks them
             if f.path in outcome and f.size:
                 _link_for_seeding(fetcher.dest, partial_root(fetcher.dest), fetcher.commit, f)
         write = _progress_writer(progress_path, len(plan), total)
-        done_before = sum(f.size for f, _ in plan if f.path in outcome)
+        done_before = sum(f.size for f, _state in plan if f.path in outcome)
 
         def progress(placed, by_source):
             write(len(outcome) + placed, done_before + sum(by_source.values()), by_source)
 
         job = dict(self.job, dest=fetcher.dest, commit=fetcher.commit, repo_id=self.repo_id,
                    listing=[{"path": f.path, "size": f.size, "algorithm": f.algorithm,
-                             "digest": f.digest, "pinned": f.pinned} for f, _ in plan],
+                             "digest": f.digest, "pinned": f.pinned} for f, _state in plan],
                    seed_only=False, stop_file=None, write_manifest=False)
         job.pop("seed", None)
         self.result = run_peer(job, progress=progress)
@@ -823,9 +823,10 @@ class Runner:
             else:
                 why = [e.get("why") for e in self.result["events"]
                        if e["event"] == "rejected" and e.get("path") == f.path]
-                errors.append(HubError(f"{f.path}: " + (why[0] if why else
-                              "not complete from the swarm within the p2p timeout (peers "
-                              "and web seed were asked); the next run resumes it")))
+                errors.append(HubError(f"{f.path}: " + (
+                    why[0] if why else
+                    "not complete from the swarm within the p2p timeout (peers and web seed "
+                    "were asked); the next run resumes it")))
         return outcome, errors
 
 
@@ -849,7 +850,7 @@ def seeder_state(store, proc="/proc"):
     """The model's seeder as its state file names it, {pid, start, commit, infohash,
     policy, ...} with running (the pid alive with the same start time: a reused pid is not
     ours), or None when there is no state file."""
-    state_file, _, _ = seeder_paths(store)
+    state_file, _stop_file, _log_file = seeder_paths(store)
     try:
         with open(state_file, encoding="utf-8") as fh:
             state = json.load(fh)
@@ -866,7 +867,7 @@ def stop_seeder(store, wait=30.0, proc="/proc"):
     """Tell the model's seeder to stop (its stop file) and wait for it to end; the state
     file goes. Returns what was stopped (its state) or None when none was running."""
     state = seeder_state(store, proc)
-    state_file, stop_file, _ = seeder_paths(store)
+    state_file, stop_file, _log_file = seeder_paths(store)
     if state is None:
         return None
     if state["running"]:
@@ -908,12 +909,15 @@ def start_seeder(store, job):
             os.write(write_end, str(os.getpid()).encode())
             # nothing of the caller's stays open (Ansible's async pipes, a test's capture)
             os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
+
+            def say(line):  # straight to the log file (fd 1), unbuffered
+                os.write(1, f"{line}\n".encode())
+
             try:
-                result = run_peer(job, log=lambda line: print(line, flush=True))
-                print(json.dumps({k: v for k, v in result.items() if k != "events"}),
-                      flush=True)
+                result = run_peer(job, log=say)
+                say(json.dumps({k: v for k, v in result.items() if k != "events"}))
             except Exception as exc:  # noqa: BLE001 - the log is all that is left
-                print(f"seeder failed: {type(exc).__name__}: {exc}", flush=True)
+                say(f"seeder failed: {type(exc).__name__}: {exc}")
         finally:
             os._exit(0)
     os.close(write_end)
