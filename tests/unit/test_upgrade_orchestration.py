@@ -66,6 +66,10 @@ STANDIN_ROLES = {
          "when": "inventory_hostname in standin_compat_refuse"},
     ],
     "model_fetch/tasks/main.yml": [_log("fetch")],
+    # upgrade.yml's last plays stop the p2p seeders of the model step (no event: they run
+    # after every batch, on every host of the rollout)
+    "model_fetch/tasks/p2p_stop.yml": [{"name": "Stand-in | Stop the p2p seeders",
+                                         "ansible.builtin.debug": {"msg": "stand-in p2p_stop"}}],
     "vllm_server/tasks/plan.yml": [
         {"name": "Stand-in | Plan",
          "ansible.builtin.set_fact": {"vllm_server_plan": {
@@ -169,7 +173,7 @@ MODULES = {
     # the probe gate (after the change: no wait_idle) fails on the hosts the test names
     "vllm_probe": (["url", "api_key", "served_model_name", "runner", "wait_idle", "idle_timeout",
                     "requests", "max_tokens", "baseline", "max_latency_ratio",
-                    "max_latency_increase_ms", "max_error_rate", "attempts"], """
+                    "max_latency_increase_ms", "max_error_rate", "attempts", "ca_file"], """
     host = p["url"].split("//")[1].split(".")[0]
     if not p["wait_idle"] and host in CONFIG["probe_fail"]:
         module.fail_json(msg="p95 latency 900 ms against 100 ms before (9.0x, limit 2.0x)")
