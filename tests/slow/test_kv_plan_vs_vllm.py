@@ -19,6 +19,11 @@ the tuner must refuse the others with vLLM's reason (tests/helpers.kv_plan_vs_vl
 
 The recorded output (tests/fixtures/vllm-kv/*.json, which the fast path checks) must
 also still be what vLLM prints.
+
+The three scripts run in ONE container, one Python process (tests/differential/
+run_many.py), so vLLM and torch are imported once: 39 s for the three on this machine,
+where three `docker run`s took about 60 s in CI (25 + 19 + 16 s, clean-clone run of
+2026-12-07).
 """
 import json
 import pathlib
@@ -56,17 +61,31 @@ def _sample(doc, models):
     return doc if models is None else dict(doc, models={k: doc["models"][k] for k in models})
 
 
-@pytest.mark.parametrize("name", CHECKS)
-def test_tuner_equals_vllm(image, name):  # noqa: F811
-    script, recorded, refusals, expected_compared, expected_refused, models = CHECKS[name]
+def _argument(name):
+    """run_many.py's argument for a check: the script and its --models."""
+    script, models = CHECKS[name][0], CHECKS[name][5]
+    argument = pathlib.Path(script).name
+    return argument if models is None else f"{argument} --models {','.join(models)}"
+
+
+@pytest.fixture(scope="module")
+def vllm_runs(image):  # noqa: F811
+    """Every check's script, run once in one container: {name: its JSON document}."""
     ref = image.tags[0] if image.tags else image.id
     out = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", "-v", f"{ROOT}:/src:ro",
-         "--entrypoint", "python", ref, f"/src/{script}"]
-        + ([] if models is None else ["--models", ",".join(models)]),
-        capture_output=True, text=True, timeout=300)
+         "--entrypoint", "python", ref, "/src/tests/differential/run_many.py"]
+        + [_argument(name) for name in CHECKS],
+        capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    fresh = json.loads(out.stdout)
+    documents = json.loads(out.stdout)
+    return {name: documents[_argument(name)] for name in CHECKS}
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_tuner_equals_vllm(vllm_runs, name):
+    _, recorded, refusals, expected_compared, expected_refused, models = CHECKS[name]
+    fresh = vllm_runs[name]
     assert fresh["vllm_version"] == "0.32.0"
     compared, refused, diffs = kv_plan_vs_vllm(fresh, refusals)
     assert not diffs, "\n".join(diffs[:20])
