@@ -318,6 +318,42 @@ def start_haproxy(config, log):
                             stdout=subprocess.DEVNULL, stderr=pathlib.Path(log).open("w"))
 
 
+def free_port():
+    """A TCP port free on 127.0.0.1 now (the caller binds it soon after)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tls_server(tmp_path, name, body):
+    """A stand-in HTTPS server on a free loopback port with the certificate ca_and_leaf
+    wrote for `name` (tmp_path/<name>.crt, .key): GET answers 200 with body(path) (bytes),
+    in a daemon thread. Returns the server (server_address[1] is its port; the caller
+    stops it with shutdown())."""
+    import http.server
+    import ssl
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            data = body(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / f"{name}.crt", tmp_path / f"{name}.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def ca_and_leaf(tmp_path, name, dns=None, signer=None):
     """A CA (PEM file tmp_path/<name>-ca.crt) and a server certificate for 127.0.0.1 and the
     host name `dns` (default: name) it signed (<name>.crt, <name>.key); with signer (an

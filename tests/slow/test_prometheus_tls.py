@@ -6,14 +6,10 @@ serve.registry_entry for two TLS stand-ins: one with the fleet CA's certificate 
 with another CA's (down: x509 unknown authority). About 10 s once the package is cached.
 The rendering alone: tests/unit/test_vllm_server_tls.py."""
 import glob
-import http.server
 import json
 import pathlib
 import shutil
-import socket
-import ssl
 import subprocess
-import threading
 import time
 import urllib.request
 
@@ -40,37 +36,15 @@ def _binary(name):
     return str(found)
 
 
-class _Metrics(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
-        body = b"vllm:num_requests_running 0\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_prometheus_scrapes_https_instances_with_the_fleet_ca_and_refuses_another(tmp_path):
-    from helpers import ca_and_leaf
+    from helpers import ca_and_leaf, free_port, tls_server
     from helpers import prometheus_config as _prometheus_config
 
     prometheus, promtool = _binary("prometheus"), _binary("promtool")
     servers, entries = [], []
     for name in ("fleet", "rogue"):
         ca_and_leaf(tmp_path, name)
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(tmp_path / f"{name}.crt", tmp_path / f"{name}.key")
-        server.socket = context.wrap_socket(server.socket, server_side=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        server = tls_server(tmp_path, name, lambda path: b"vllm:num_requests_running 0\n")
         servers.append(server)
         entries.append(serve.registry_entry(
             {"name": f"c-{name}", "model": "m", "served_model_name": "m", "runner": "generate",
@@ -86,7 +60,7 @@ def test_prometheus_scrapes_https_instances_with_the_fleet_ca_and_refuses_anothe
     check = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    port = _free_port()
+    port = free_port()
     with open(tmp_path / "prometheus.log", "w") as log:
         proc = subprocess.Popen([prometheus, f"--config.file={tmp_path}/prometheus.yml",
                                  f"--storage.tsdb.path={tmp_path}/data",

@@ -214,34 +214,16 @@ def test_the_summary_reaches_a_tls_gateway_by_https_and_nothing_else():
 def _tls_backend(tmp_path, name):
     """A stand-in vLLM over TLS on a free loopback port (GET /health 200, other paths name
     the backend); returns (port, server)."""
-    import http.server
-    import ssl
-    import threading
+    from helpers import tls_server
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            body = b"" if self.path == "/health" else json.dumps({"backend": name}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tmp_path / f"{name}.crt", tmp_path / f"{name}.key")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = tls_server(tmp_path, name, lambda path: b"" if path == "/health"
+                        else json.dumps({"backend": name}).encode())
     return server.server_address[1], server
 
 
 def _free_port():
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from helpers import free_port
+    return free_port()
 
 
 BACKENDS = ("fleet", "rogue", "misnamed")

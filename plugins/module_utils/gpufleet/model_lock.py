@@ -167,11 +167,15 @@ def _summary(head, problems):
 
 # ---------------------------------------------------------------- checks against a lock
 
-def check_commit(lock, repo_id, commit, endpoint="the endpoint"):
-    """Refuse another repo or another commit than the lock's (before anything is written)."""
+def _check_repo(lock, repo_id):
     if repo_id != lock.repo_id:
         raise LockError(f"the lock is for {lock.repo_id}, not {repo_id}: give each model "
                         "its own lock.")
+
+
+def check_commit(lock, repo_id, commit, endpoint="the endpoint"):
+    """Refuse another repo or another commit than the lock's (before anything is written)."""
+    _check_repo(lock, repo_id)
     if commit != lock.commit:
         raise LockError(f"{repo_id}: {endpoint} resolves the revision to commit {commit}, "
                         f"the lock pins commit {lock.commit}. Nothing was written. Fetch the "
@@ -230,9 +234,7 @@ def check_folder(lock, repo_id, commit, entries, hash_file):
     file is hashed now (hash_file(path) -> sha256; such files are small: configs,
     tokenizers, code). Returns the paths the lock pins that the folder lacks (a folder
     fetched with allow patterns holds a subset): serving less is not serving other bytes."""
-    if repo_id != lock.repo_id:
-        raise LockError(f"the lock is for {lock.repo_id}, not {repo_id}: give each model "
-                        "its own lock.")
+    _check_repo(lock, repo_id)
     if commit != lock.commit:
         raise LockError(f"{repo_id}: the folder holds commit {commit}, the lock pins commit "
                         f"{lock.commit}. Fetch the lock's commit into it, or write a new lock "
