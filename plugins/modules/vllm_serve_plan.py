@@ -26,7 +26,13 @@ options:
   models:
     description:
       - The host's C(vllm_server_models) entries (C(name), C(path), optional C(port),
-        C(served_model_name), C(gpus) (GPU indexes), C(replicas), C(env)).
+        C(served_model_name), C(gpus) (GPU indexes), C(replicas), C(env),
+        C(speculative_model_path)).
+      - An entry's C(speculative_model_path) (an EAGLE / EAGLE-3 draft's folder on the
+        host, the one vllm_tune read) is mounted read-only at
+        C(<model_mount_root>/<model slug>-draft), and the C(model) of the
+        C(--speculative-config) in the tuned args (or C(--spec-model)) is rewritten to
+        that path, so vLLM loads the folder the plan sized.
     type: list
     elements: dict
     required: true

@@ -161,8 +161,11 @@ options:
       - Folder on the managed host holding an EAGLE / EAGLE-3 draft's C(config.json) and
         C(*.safetensors), for a C(--speculative-config) in O(extra_args) with method
         C(eagle) or C(eagle3); the plan adds the draft's layers to the KV cache and its
-        weights to the GPUs'. Without it such a method is refused. The draft must also
-        be where C(--speculative-config)'s C(model) names it inside the container.
+        weights to the GPUs'. Without it such a method is refused, and a path that is
+        not a folder on the host is refused naming it. roles/vllm_server mounts this
+        folder read-only in the container (C(/models/<slug>-draft)) and rewrites
+        C(--speculative-config)'s C(model) to that path (gpufleet.serve.draft_mount), so
+        vLLM loads the draft the plan sized.
     type: path
   extra_args:
     description:
@@ -182,7 +185,9 @@ options:
         C(eagle3) (with O(speculative_model_path)) add the draft's layers and weights,
         C(mtp) on DeepSeek-V4 adds its MTP layer's sliding-window cache, C(ngram) turns
         async scheduling off; other methods and keys are refused by name
-        (plugins/module_utils/gpufleet/speculative.py, docs/tuning.md).
+        (plugins/module_utils/gpufleet/speculative.py, docs/tuning.md). On vLLM's CPU
+        backend (O(gpus) empty) C(ngram) and C(eagle3) are planned, the methods run on the
+        lab's CPU build; the others are refused there.
       - A model whose config class only its repository defines (EXAONE 3.x, InternLM2,
         GTE-new) is planned only when this holds C(--trust-remote-code), which runs the
         repository's Python in vLLM; the module never adds it.

@@ -94,7 +94,7 @@ def _tune(monkeypatch, model_dir, **options):
 class Server:
     """One vLLM container started from the module's args; removed by stop()."""
 
-    def __init__(self, client, image, model_dir, tuned_args, cache_dir):
+    def __init__(self, client, image, model_dir, tuned_args, cache_dir, volumes=None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = uuid.uuid4().hex
@@ -109,7 +109,8 @@ class Server:
             environment={"VLLM_API_KEY": self.api_key, "VLLM_CACHE_ROOT": CACHE_PATH,
                          "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
             volumes={str(model_dir): {"bind": CONTAINER_PATH, "mode": "ro"},
-                     str(cache_dir): {"bind": CACHE_PATH, "mode": "rw"}},
+                     str(cache_dir): {"bind": CACHE_PATH, "mode": "rw"},
+                     **(volumes or {})},
             network_mode="host", shm_size="1g",
             name=f"tunecheck-{uuid.uuid4().hex[:8]}", detach=True)
 

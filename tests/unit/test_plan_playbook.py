@@ -189,3 +189,38 @@ def test_the_role_can_set_every_tuner_option():
         if option not in ("model_path", "gpus", "vllm_version"):
             assert f"item.{option}" in str(value), (option, value)
 
+
+
+def test_the_role_refuses_a_draft_it_cannot_read_before_any_change(tmp_path):
+    """Preflight's tune (the role's entry point `tune`): an EAGLE-3 config without the
+    draft's folder, and a speculative_model_path that is not a folder on the host, each
+    fail naming what to do (issue #34 item 2); one ansible-playbook run, both models."""
+    spec = ["--speculative-config",
+            '{"method": "eagle3", "model": "org/draft", "num_speculative_tokens": 2}']
+    missing = tmp_path / "drafts" / "org" / "draft"
+    models = (_models(tmp_path / "a", extra_args=spec)
+              + [dict(_models(tmp_path / "b", extra_args=spec)[0], name="tiny-b",
+                      speculative_model_path=str(missing))])
+    inventory = _inventory(tmp_path, models)
+    pb = tmp_path / "role-tune.yml"
+    pb.write_text(f"""
+- hosts: h
+  gather_facts: false
+  tasks:
+    - name: Test | Gather GPU facts as the role's preflight does
+      gpufleet.fleet.gpu_facts:
+        nvidia_smi_xml: "{XML}"
+    - name: Test | Choose settings with the role
+      ansible.builtin.include_role:
+        name: gpufleet.fleet.vllm_server
+        tasks_from: tune
+""")
+    proc = _playbook(inventory, pb)
+    assert proc.returncode != 0
+    (tuned,) = _task_results(_report(proc), "gpufleet.fleet.vllm_server : VLLM server | "
+                             "Choose vLLM settings for each model")
+    msgs = {r["item"]["name"]: r.get("msg", "") for r in tuned["results"]}
+    assert "has no draft folder" in msgs["tiny"] and "speculative_model_path" in msgs["tiny"]
+    assert f"speculative_model_path {missing} is not a folder on this host" in msgs["tiny-b"]
+    assert "model_fetch_models" in msgs["tiny-b"]
+    assert not missing.exists()

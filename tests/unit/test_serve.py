@@ -14,6 +14,7 @@ vllm/entrypoints/openai/api_server.py), so every stage and failure can be produc
 """
 import http.server
 import json
+import os
 import pathlib
 import socket
 import threading
@@ -293,6 +294,80 @@ def test_plan_kept_cache_refuses_bad_input(kw, model_env, message):
     opts = dict({"image_id": IMAGE_A}, **kw)
     with pytest.raises(serve.PlanError, match=message):
         _plan({"name": "m", "path": "/p", "env": model_env}, TUNE_TP1, **opts)
+
+
+# An EAGLE-3 draft (issue #34 item 2): the model entry's speculative_model_path is the
+# folder vllm_tune sized; the container mounts that folder read-only and vLLM is told to
+# load it there (the config's "model", a hub name here, is rewritten to the mount).
+SPEC = {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        "num_speculative_tokens": 3}
+
+
+def _draft_tree(tmp_path):
+    """A model_fetch-like layout: the draft's path is a link to its commit folder."""
+    commit = tmp_path / "drafts" / ".commits" / "c1"
+    commit.mkdir(parents=True)
+    link = tmp_path / "drafts" / "eagle3"
+    link.symlink_to(commit)
+    return str(link), str(commit)
+
+
+@pytest.mark.parametrize("spec_args, read", [
+    (["--speculative-config", json.dumps(SPEC)],
+     lambda cmd: json.loads(cmd[cmd.index("--speculative-config") + 1])["model"]),
+    (["-sc=" + json.dumps(SPEC)],
+     lambda cmd: json.loads(next(a for a in cmd if a.startswith("-sc="))[4:])["model"]),
+    (["--spec-method", "eagle3", "--spec-model", "yuhuili/x", "--spec-tokens", "3"],
+     lambda cmd: cmd[cmd.index("--spec-model") + 1]),
+])
+def test_plan_mounts_the_draft_read_only_where_the_config_names_it(tmp_path, spec_args, read):
+    link, commit = _draft_tree(tmp_path)
+    tune = dict(TUNE_TP1, args=TUNE_TP1["args"] + spec_args)
+    (inst,) = _plan({"name": "Llama/3.1-8B", "path": "/p", "speculative_model_path": link},
+                    tune, cache_root="/c", image_id=IMAGE_A)
+    target = serve.draft_mount("/models", "Llama/3.1-8B")
+    assert target == "/models/llama-3-1-8b-draft"
+    assert {"source": commit, "target": target, "type": "bind",
+            "read_only": True} in inst["mounts"]
+    assert [m for m in inst["mounts"] if not m["read_only"]] == [
+        {"source": inst["cache_dir"], "target": serve.CACHE_MOUNT, "type": "bind",
+         "read_only": False}]  # the cache only: the draft, like the model, is read-only
+    assert read(inst["command"]) == target  # vLLM loads the mounted folder
+    assert tune["args"][-len(spec_args):] == spec_args  # the tune result is not changed
+    if spec_args[0] == "--speculative-config":  # the other keys as written, in order
+        config = json.loads(inst["command"][inst["command"].index("--speculative-config") + 1])
+        assert config == dict(SPEC, model=target)
+        assert list(config) == list(SPEC)
+
+
+def test_plan_a_new_draft_commit_replaces_the_container(tmp_path):
+    link, commit = _draft_tree(tmp_path)
+    tune = dict(TUNE_TP1, args=TUNE_TP1["args"] + ["--speculative-config", json.dumps(SPEC)])
+    model = {"name": "m", "path": "/p", "speculative_model_path": link}
+    (first,) = _plan(model, tune)
+    again = tmp_path / "drafts" / ".commits" / "c2"
+    again.mkdir()
+    os.unlink(link)
+    os.symlink(again, link)
+    (second,) = _plan(model, tune)
+    assert first["settings_hash"] != second["settings_hash"]
+    assert first["command"] == second["command"]
+    # a model without a draft keeps the hash it had before drafts were mounted
+    (plain,) = _plan({"name": "m", "path": "/p"}, TUNE_TP1)
+    assert plain["mounts"] == [{"source": "/p", "target": "/models/m", "type": "bind",
+                                "read_only": True}]
+
+
+@pytest.mark.parametrize("path, spec_args, message", [
+    ("drafts/eagle3", ["--speculative-config", json.dumps(SPEC)], "not a usable path"),
+    ("/srv/d", [], "holds no --speculative-config"),
+    ("/srv/d", ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
+     "holds method ngram"),
+])
+def test_plan_refuses_a_draft_it_cannot_mount_or_name(path, spec_args, message):
+    tune = dict(TUNE_TP1, args=TUNE_TP1["args"] + spec_args)
+    with pytest.raises(serve.PlanError, match=message):
+        _plan({"name": "m", "path": "/p", "speculative_model_path": path}, tune)
 
 
 @pytest.mark.parametrize("model, tune, kw, message", [

