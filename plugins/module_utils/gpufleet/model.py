@@ -919,31 +919,99 @@ def _field_name(text, *keys):
     return next((k for k in keys if text.get(k) is not None), keys[0])
 
 
-def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=None,
-                    sentence_transformers=False, allow_unknown_architecture=False,
-                    name=None, source="config.json"):
-    """Describe a model from its config.json mapping.
+# Per-family rules: what a family's config class or vLLM model file does to the fields
+# describe_config reads, beyond the tables above (CONFIG_DEFAULTS, CONFIG_ATTRIBUTE_MAP,
+# ...). Each rule takes the config (already a fresh dict, defaults and other names
+# applied) and the source for messages, and changes the dict in place or raises.
+# FAMILY_RULES maps a model_type to its rule: adding a family's special case is one
+# function and one entry.
 
-    Returns a plain dict (see docs/tuning.md, "Model description"). Raises ModelError
-    naming the missing fields, UnsupportedModelError for attention kinds the tuner does
-    not model, and for an architecture outside KNOWN_MODEL_TYPES unless
-    allow_unknown_architecture is true.
-    """
-    if not isinstance(cfg, dict):
-        raise ModelError("model_config must be a mapping (the content of config.json)")
-    # Multimodal wrappers keep the language model's fields in text_config, or in
-    # llm_config (InternVL), which vLLM 0.32.0 reads as text_config when there is none
-    # (transformers_utils/config.py:152-154 _CONFIG_ATTRS_MAPPING, :744-750, :421).
-    text = next((cfg[k] for k in TEXT_CONFIG_KEYS if isinstance(cfg.get(k), dict)), cfg)
-    architectures = list(cfg.get("architectures") or [])
-    model_type = str(text.get("model_type") or cfg.get("model_type") or "")
-    if not architectures and not model_type:
-        raise ModelError("config.json names neither architectures nor model_type; the "
-                         "tuner needs: " + ", ".join(REQUIRED_FIELDS))
+def _gpt2_rule(text, source):
+    # vLLM 0.32.0 gpt2.py:200-202 asserts these three off (GPT2Config's defaults).
+    on = [k for k in ("add_cross_attention", "scale_attn_by_inverse_layer_idx",
+                      "reorder_and_upcast_attn") if text.get(k)]
+    if on:
+        raise UnsupportedModelError(
+            f"{source}: {', '.join(on)} is set; vLLM's GPT-2 (gpt2.py) refuses such a "
+            "checkpoint (it asserts each of add_cross_attention, "
+            "scale_attn_by_inverse_layer_idx and reorder_and_upcast_attn is false)")
+
+
+def _gpt_bigcode_rule(text, source):
+    # transformers 5.19 GPTBigCodeConfig (configuration_gpt_bigcode.py:83) writes
+    # num_key_value_heads = 1 if multi_query (default true) else n_head, and vLLM
+    # reads that attribute: multi-query attention, one KV head.
+    if _first(text, "n_head_kv", "num_kv_heads", "num_key_value_heads") is None:
+        text["num_key_value_heads"] = 1 if text.get("multi_query", True) else _first(
+            text, "num_attention_heads", "n_head")
+
+
+def _falcon_rule(text, source):
+    # vLLM 0.32.0 FalconModelArchConfigConvertor (model_arch_config_convertor.py:
+    # 536-549, for falcon, RefinedWeb and RefinedWebModel): multi-query attention,
+    # one KV head, whatever n_head_kv / num_kv_heads say (FalconConfig sets
+    # num_kv_heads to the head count when it is absent).
+    if text.get("multi_query") and not text.get("new_decoder_architecture"):
+        for field in ("n_head_kv", "num_kv_heads"):
+            text.pop(field, None)
+        text["num_key_value_heads"] = 1
+
+
+def _cohere2_rule(text, source):
+    # transformers 5.19 Cohere2Config (configuration_cohere2.py:93) sets head_dim to
+    # hidden_size // num_attention_heads whatever config.json says, and vLLM 0.32.0
+    # commandr.py:186-189 reads that attribute.
+    text.pop("head_dim", None)
+
+
+def _hybrid_layer_list_rule(text, source):
+    # vLLM 0.32.0 granitemoehybrid.py:241, lfm2.py:124, lfm2_moe.py:205: the head
+    # size is hidden_size // num_attention_heads, whatever head_dim says.
+    text.pop("head_dim", None)
+    if text.get("num_local_experts") == 0:
+        # granitemoehybrid.py:168: experts only when num_local_experts > 0 (the
+        # dense Granite 4.0 checkpoints write 0 experts, 0 per token).
+        text.pop("num_local_experts")
+        text.pop("num_experts_per_tok", None)
+
+
+def _chatglm_rule(text, source):
+    # vLLM 0.32.0 chatglm.py:61-65: multi_query_group_num KV heads only with
+    # multi_query_attention (ChatGLMConfig's default is false), else one per head.
+    if not text.get("multi_query_attention"):
+        text.pop("multi_query_group_num", None)
+
+
+FAMILY_RULES = {
+    "gpt2": _gpt2_rule,
+    "gpt_bigcode": _gpt_bigcode_rule,
+    **dict.fromkeys(FALCON_MODEL_TYPES, _falcon_rule),
+    "cohere2": _cohere2_rule,
+    **dict.fromkeys(HYBRID_LAYER_LISTS, _hybrid_layer_list_rule),
+    "chatglm": _chatglm_rule,
+}
+
+
+def _is_deepseek_v4(text, architectures, model_type):
+    return model_type.startswith("deepseek_v4") or any(
+        a.startswith("DeepseekV4") for a in architectures) or \
+        text.get("compress_ratios") is not None
+
+
+def _wrapped_text(cfg):
+    """The language model's fields: a multimodal wrapper keeps them in text_config, or
+    in llm_config (InternVL), which vLLM 0.32.0 reads as text_config when there is none
+    (transformers_utils/config.py:152-154 _CONFIG_ATTRS_MAPPING, :744-750, :421)."""
+    return next((cfg[k] for k in TEXT_CONFIG_KEYS if isinstance(cfg.get(k), dict)), cfg)
+
+
+def _language_config(cfg, architectures, model_type, source):
+    """(the language model's config as vLLM reads it, DeepSeek-V4's fields or None):
+    the text config of a multimodal wrapper, unmodelled structures refused, the config
+    class's defaults and other names applied, then the family's rule (FAMILY_RULES)."""
+    text = _wrapped_text(cfg)
     v4 = None
-    if model_type.startswith("deepseek_v4") or any(
-            a.startswith("DeepseekV4") for a in architectures) or \
-            text.get("compress_ratios") is not None:
+    if _is_deepseek_v4(text, architectures, model_type):
         try:
             v4 = deepseek_v4.describe_fields(text, architectures)
         except deepseek_v4.DeepseekV4Error as exc:
@@ -959,50 +1027,15 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     if text is not cfg:
         defaults = dict(TEXT_CONFIG_DEFAULTS.get(model_type, {}), **defaults)
     text = dict(defaults, **_config_class_names(text, model_type))
-    if model_type == "gpt2":
-        # vLLM 0.32.0 gpt2.py:200-202 asserts these three off (GPT2Config's defaults).
-        on = [k for k in ("add_cross_attention", "scale_attn_by_inverse_layer_idx",
-                          "reorder_and_upcast_attn") if text.get(k)]
-        if on:
-            raise UnsupportedModelError(
-                f"{source}: {', '.join(on)} is set; vLLM's GPT-2 (gpt2.py) refuses such a "
-                "checkpoint (it asserts each of add_cross_attention, "
-                "scale_attn_by_inverse_layer_idx and reorder_and_upcast_attn is false)")
-    if model_type == "gpt_bigcode" and _first(
-            text, "n_head_kv", "num_kv_heads", "num_key_value_heads") is None:
-        # transformers 5.19 GPTBigCodeConfig (configuration_gpt_bigcode.py:83) writes
-        # num_key_value_heads = 1 if multi_query (default true) else n_head, and vLLM
-        # reads that attribute: multi-query attention, one KV head.
-        text["num_key_value_heads"] = 1 if text.get("multi_query", True) else _first(
-            text, "num_attention_heads", "n_head")
-    if model_type in FALCON_MODEL_TYPES and text.get("multi_query") and \
-            not text.get("new_decoder_architecture"):
-        # vLLM 0.32.0 FalconModelArchConfigConvertor (model_arch_config_convertor.py:
-        # 536-549, for falcon, RefinedWeb and RefinedWebModel): multi-query attention,
-        # one KV head, whatever n_head_kv / num_kv_heads say (FalconConfig sets
-        # num_kv_heads to the head count when it is absent).
-        for field in ("n_head_kv", "num_kv_heads"):
-            text.pop(field, None)
-        text["num_key_value_heads"] = 1
-    if model_type == "cohere2":
-        # transformers 5.19 Cohere2Config (configuration_cohere2.py:93) sets head_dim to
-        # hidden_size // num_attention_heads whatever config.json says, and vLLM 0.32.0
-        # commandr.py:186-189 reads that attribute.
-        text.pop("head_dim", None)
-    if model_type in HYBRID_LAYER_LISTS:
-        # vLLM 0.32.0 granitemoehybrid.py:241, lfm2.py:124, lfm2_moe.py:205: the head
-        # size is hidden_size // num_attention_heads, whatever head_dim says.
-        text.pop("head_dim", None)
-        if text.get("num_local_experts") == 0:
-            # granitemoehybrid.py:168: experts only when num_local_experts > 0 (the
-            # dense Granite 4.0 checkpoints write 0 experts, 0 per token).
-            text.pop("num_local_experts")
-            text.pop("num_experts_per_tok", None)
-    if model_type == "chatglm" and not text.get("multi_query_attention"):
-        # vLLM 0.32.0 chatglm.py:61-65: multi_query_group_num KV heads only with
-        # multi_query_attention (ChatGLMConfig's default is false), else one per head.
-        text.pop("multi_query_group_num", None)
+    rule = FAMILY_RULES.get(model_type)
+    if rule is not None:
+        rule(text, source)
+    return text, v4
 
+
+def _sizes(text, model_type, source):
+    """The layer, head and length numbers of a language config, each checked once
+    (booleans are not integers); ModelError naming what is missing or wrong."""
     num_layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
     num_heads = _first(text, "num_attention_heads", "n_head")
     hidden = _first(text, "hidden_size", "n_embd", "d_model")
@@ -1017,7 +1050,6 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     if missing:
         raise ModelError(f"config.json lacks {', '.join(missing)}; the tuner needs: "
                          + ", ".join(REQUIRED_FIELDS))
-    # Every number the tuner uses is checked once, here (booleans are not integers).
     layers_key = _field_name(text, "num_hidden_layers", "n_layer", "num_layers")
     heads_key = _field_name(text, "num_attention_heads", "n_head")
     _positive_int(num_layers, layers_key, source)
@@ -1041,18 +1073,13 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     for field in ("intermediate_size", "vocab_size", "kv_lora_rank", "num_experts_per_tok"):
         _optional_int(text, field, source)
     _optional_int(text, "qk_rope_head_dim", source, minimum=0)
-    if weights_bytes is not None:
-        _positive_int(weights_bytes, "weights_bytes", weights_source or "weights_bytes")
-    known = model_type in KNOWN_MODEL_TYPES
-    if not known and not allow_unknown_architecture:
-        raise ModelError(
-            f"architecture {architectures or model_type!r} (model_type {model_type!r}) is "
-            "not in gpufleet's table, so its KV layout is not verified. The generic "
-            "decoder rule would use: " + ", ".join(REQUIRED_FIELDS) + ", and "
-            "num_key_value_heads. Set allow_unknown_architecture: true to use it.")
-    # vLLM 0.32.0 ModelArchConfigConvertorBase.get_total_num_kv_heads
-    # (model_arch_config_convertor.py:150-166): the first of these attributes, else one
-    # KV head per attention head.
+    return num_layers, num_heads, hidden, head_dim, max_pos, heads_key
+
+
+def _kv_heads(text, num_heads, heads_key, source):
+    """vLLM 0.32.0 ModelArchConfigConvertorBase.get_total_num_kv_heads
+    (model_arch_config_convertor.py:150-166): the first of KV_HEAD_KEYS, else one KV
+    head per attention head; checked to divide the head count (MLA aside)."""
     kv_key = _field_name(text, *KV_HEAD_KEYS)
     kv_heads = _first(text, *KV_HEAD_KEYS)
     if kv_heads is None:
@@ -1062,6 +1089,66 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         raise ModelError(f"{source}: {kv_key} {kv_heads} does not divide {heads_key} "
                          f"{num_heads}; grouped-query attention needs it to (check the "
                          "config)")
+    return kv_heads
+
+
+def _attention(text, model_type, v4, encoder_only, num_layers, kv_heads, num_heads):
+    """(attention name, per-layer kinds) of the language config."""
+    if v4 is not None:
+        # Every layer keeps a sliding-window cache; 1/4 and 1/128 layers also a
+        # compressed one (gpufleet.deepseek_v4).
+        return "deepseek_v4", ["sliding" if r == 1 else f"c{r}a"
+                               for r in v4["compress_ratios"]]
+    if text.get("kv_lora_rank") is not None:
+        return "mla", ["full"] * num_layers
+    if encoder_only:
+        return "encoder_only", ["full"] * num_layers
+    layer_kinds = _layer_kinds(text, num_layers, model_type)
+    if model_type in PER_KIND_HEAD_MODEL_TYPES and layer_kinds[-1] != "full":
+        # Gemma4TextConfig.__post_init__ (configuration_gemma4.py:197-202): "Last
+        # layer must use full_attention ... Forcing".
+        layer_kinds[-1] = "full"
+    if kv_heads == num_heads:
+        attention = "mha"
+    elif kv_heads == 1:
+        attention = "mqa"
+    else:
+        attention = "gqa"
+    if "sliding" in layer_kinds:
+        attention += "+sliding" if "full" in layer_kinds else "-sliding"
+    return attention, layer_kinds
+
+
+def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=None,
+                    sentence_transformers=False, allow_unknown_architecture=False,
+                    name=None, source="config.json"):
+    """Describe a model from its config.json mapping.
+
+    Returns a plain dict (see docs/tuning.md, "Model description"). Raises ModelError
+    naming the missing fields, UnsupportedModelError for attention kinds the tuner does
+    not model, and for an architecture outside KNOWN_MODEL_TYPES unless
+    allow_unknown_architecture is true.
+    """
+    if not isinstance(cfg, dict):
+        raise ModelError("model_config must be a mapping (the content of config.json)")
+    architectures = list(cfg.get("architectures") or [])
+    model_type = str(_wrapped_text(cfg).get("model_type") or cfg.get("model_type") or "")
+    if not architectures and not model_type:
+        raise ModelError("config.json names neither architectures nor model_type; the "
+                         "tuner needs: " + ", ".join(REQUIRED_FIELDS))
+    text, v4 = _language_config(cfg, architectures, model_type, source)
+    num_layers, num_heads, hidden, head_dim, max_pos, heads_key = _sizes(
+        text, model_type, source)
+    if weights_bytes is not None:
+        _positive_int(weights_bytes, "weights_bytes", weights_source or "weights_bytes")
+    known = model_type in KNOWN_MODEL_TYPES
+    if not known and not allow_unknown_architecture:
+        raise ModelError(
+            f"architecture {architectures or model_type!r} (model_type {model_type!r}) is "
+            "not in gpufleet's table, so its KV layout is not verified. The generic "
+            "decoder rule would use: " + ", ".join(REQUIRED_FIELDS) + ", and "
+            "num_key_value_heads. Set allow_unknown_architecture: true to use it.")
+    kv_heads = _kv_heads(text, num_heads, heads_key, source)
     head_size = head_dim if head_dim is not None else hidden // num_heads
     window = text.get("sliding_window")
     if window is not None:
@@ -1081,31 +1168,8 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
             "embedding model, which vLLM serves as one only from a folder with its "
             "sentence-transformers files (modules.json) or with --runner pooling. "
             "gpufleet's tuner does not plan it as a generative model.")
-    if v4 is not None:
-        # Every layer keeps a sliding-window cache; 1/4 and 1/128 layers also a
-        # compressed one (gpufleet.deepseek_v4).
-        attention = "deepseek_v4"
-        layer_kinds = ["sliding" if r == 1 else f"c{r}a" for r in v4["compress_ratios"]]
-    elif text.get("kv_lora_rank") is not None:
-        attention = "mla"
-        layer_kinds = ["full"] * num_layers
-    elif encoder_only:
-        attention = "encoder_only"
-        layer_kinds = ["full"] * num_layers
-    else:
-        layer_kinds = _layer_kinds(text, num_layers, model_type)
-        if model_type in PER_KIND_HEAD_MODEL_TYPES and layer_kinds[-1] != "full":
-            # Gemma4TextConfig.__post_init__ (configuration_gemma4.py:197-202): "Last
-            # layer must use full_attention ... Forcing".
-            layer_kinds[-1] = "full"
-        if kv_heads == num_heads:
-            attention = "mha"
-        elif kv_heads == 1:
-            attention = "mqa"
-        else:
-            attention = "gqa"
-        if "sliding" in layer_kinds:
-            attention += "+sliding" if "full" in layer_kinds else "-sliding"
+    attention, layer_kinds = _attention(text, model_type, v4, encoder_only, num_layers,
+                                        kv_heads, num_heads)
 
     kind_heads = _kind_heads(text, model_type, layer_kinds, kv_heads, head_size,
                              num_heads, source)
