@@ -185,7 +185,7 @@ def serve(docker_client, image, vllm_cache):  # noqa: F811 (fixtures imported ab
 #   L 1000: 5 x (cdiv(min(2559, 1000), 128) + 1) + cdiv(1000, 128) = 5 x 9 + 8 = 53
 # gpufleet/tiny-cohere2 has layer_types 3 x sliding_attention + 1 x full_attention and
 # sliding_window 513 in config.json, but vLLM 0.32.0's commandr.py:243-244 builds its
-# sliding layers with a window of sliding_window + 1 = 514 (gpufleet.model.WINDOW_OFFSET):
+# sliding layers with a window of sliding_window + 1 = 514 (gpufleet.model_families.WINDOW_OFFSET):
 # 4 groups of one layer.
 #   L 4096: 3 x (cdiv(min(514 - 1 + 2048, 4096), 128) + 1) + cdiv(4096, 128)
 #           = 3 x (21 + 1) + 32 = 98 (with the config's 513 it would be 3 x 21 + 32 = 95,

@@ -22,6 +22,7 @@ import pytest
 
 from test_model_families import MODELS, check_encoder_only, load
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
 from helpers import pinning_lock
 
@@ -68,7 +69,8 @@ def test_ms_marco_minilm_bert_cross_encoder_has_no_kv_cache(tmp_path, monkeypatc
     # control: read as a decoder (bert outside ENCODER_ONLY_MODEL_TYPES), the same config
     # would need 2 x 12 x 32 x 2 = 1,536 bytes per token per layer, which vLLM does not
     # allocate
-    monkeypatch.setattr(m, "ENCODER_ONLY_MODEL_TYPES", m.ENCODER_ONLY_MODEL_TYPES - {"bert"})
+    monkeypatch.setattr(model_families, "ENCODER_ONLY_MODEL_TYPES",
+                        model_families.ENCODER_ONLY_MODEL_TYPES - {"bert"})
     decoder = m.describe_config(cfg, weights_bytes=1)
     assert decoder["attention"] == "mha"
     assert t.kv_layout(decoder, tp=1, block_size=16)["per_token_layer_bytes"] == 1536

@@ -19,6 +19,7 @@ import pytest
 
 from test_model_families import check_kv_bytes, kinds, load
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
 
 
@@ -197,7 +198,7 @@ def test_tiny_aya_global_cohere2_slides_one_token_wider_than_its_config():
 
 def test_cohere2_window_without_vllms_extra_token(monkeypatch):
     # control: without WINDOW_OFFSET the tuner would take the config's 4096
-    monkeypatch.setattr(m, "WINDOW_OFFSET", {})
+    monkeypatch.setattr(model_families, "WINDOW_OFFSET", {})
     assert m.describe_config(load("tiny-aya-global"), weights_bytes=1)["sliding_window"] == 4096
 
 
@@ -223,6 +224,7 @@ def test_cohere2_window_without_vllms_extra_token(monkeypatch):
 ])
 def test_families_outside_the_table_are_refused(monkeypatch, name, model_type):
     # control: without the table entry the config is refused, as before these were read
-    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {model_type})
+    monkeypatch.setattr(model_families, "KNOWN_MODEL_TYPES",
+                        model_families.KNOWN_MODEL_TYPES - {model_type})
     with pytest.raises(m.ModelError, match="not in gpufleet's table"):
         m.describe_config(load(name), weights_bytes=1)

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
 from helpers import TP_REFUSALS, kv_plan_vs_vllm
 
@@ -30,11 +31,11 @@ def _one(key):
 
 
 def test_every_described_family_is_run_or_excluded_with_a_reason():
-    """The families of the tuner's table (model.KNOWN_MODEL_TYPES, less the
+    """The families of the tuner's table (model_families.KNOWN_MODEL_TYPES, less the
     encoder-only pooling ones, which keep no KV cache) are each in the fixture or in
     its `excluded` list with the reason."""
     assert RECORDED["vllm_version"] == "0.32.0"
-    generative = m.KNOWN_MODEL_TYPES - m.ENCODER_ONLY_MODEL_TYPES
+    generative = model_families.KNOWN_MODEL_TYPES - model_families.ENCODER_ONLY_MODEL_TYPES
     assert set(MODELS) | set(RECORDED["excluded"]) == generative
     assert not set(MODELS) & set(RECORDED["excluded"])
     assert all(reason for reason in RECORDED["excluded"].values())

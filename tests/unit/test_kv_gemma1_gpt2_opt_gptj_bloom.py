@@ -26,6 +26,7 @@ import pytest
 from test_model_families import check_kv_bytes, load
 from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
 
 
@@ -49,7 +50,7 @@ def test_gemma_7b_reads_head_dim_256_not_hidden_over_heads(monkeypatch):
     bare = {k: v for k, v in cfg.items() if k != "head_dim"}
     assert m.describe_config(bare, weights_bytes=1)["head_size"] == 256
     # control: without that default the generic rule would give 3072 // 16 = 192
-    monkeypatch.setattr(m, "CONFIG_DEFAULTS", {})
+    monkeypatch.setattr(model_families, "CONFIG_DEFAULTS", {})
     assert m.describe_config(bare, weights_bytes=1)["head_size"] == 192
 
 
@@ -79,7 +80,7 @@ def test_gpt2_is_mha_with_its_n_names_and_1024_positions(monkeypatch):
     assert m.describe_config(renamed, weights_bytes=1)["max_position_embeddings"] == 2048
     # control: without CONFIG_ATTRIBUTE_MAP GPT2Config's default n_positions 1024 would
     # stand beside it and the smaller would win
-    monkeypatch.setattr(m, "CONFIG_ATTRIBUTE_MAP", {})
+    monkeypatch.setattr(model_families, "CONFIG_ATTRIBUTE_MAP", {})
     assert m.describe_config(renamed, weights_bytes=1)["max_position_embeddings"] == 1024
 
 
@@ -159,7 +160,7 @@ def test_bloomz_560m_is_alibi_mha_with_n_embed_and_seq_length(monkeypatch):
                              weights_bytes=1)["max_position_embeddings"] == 1024
     # control: without CONFIG_ATTRIBUTE_MAP, n_embed is not read and BloomConfig's
     # test-sized default hidden_size 64 gives 64 // 16 = 4 per head
-    monkeypatch.setattr(m, "CONFIG_ATTRIBUTE_MAP", {})
+    monkeypatch.setattr(model_families, "CONFIG_ATTRIBUTE_MAP", {})
     assert m.describe_config(cfg, weights_bytes=1)["head_size"] == 4
 
 
@@ -193,6 +194,6 @@ def test_default_length_is_bloom_only():
       "attn_config": {"kv_n_heads": 8}}, "lacks num_hidden_layers, num_attention_heads"),
 ])
 def test_minicpm_and_dbrx_stay_refused(cfg, why):
-    assert cfg["model_type"] not in m.KNOWN_MODEL_TYPES
+    assert cfg["model_type"] not in model_families.KNOWN_MODEL_TYPES
     with pytest.raises(m.ModelError, match=why):
         m.describe_config(cfg, weights_bytes=1)

@@ -18,6 +18,7 @@ import pytest
 from test_model_families import check_kv_bytes, kinds, load
 from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
 
 
@@ -66,7 +67,7 @@ def test_gemma3_1b_window_control_pattern_and_defaults(monkeypatch):
         m.describe_config(cfg, weights_bytes=1)["layer_kinds"]
     # control: without the Gemma 3 pattern rule the tuner cannot place the full
     # layers and refuses the published file rather than sliding all 26
-    monkeypatch.setattr(m, "LAYER_PATTERN_DEFAULTS", {})
+    monkeypatch.setattr(model_families, "LAYER_PATTERN_DEFAULTS", {})
     with pytest.raises(m.UnsupportedModelError, match="no layer_types"):
         m.describe_config(cfg, weights_bytes=1)
 
@@ -118,7 +119,7 @@ def test_ernie_4_5_21b_a3b_moe_layout_and_experts_from_moe_names(monkeypatch):
     assert t._expert_parallel(desc, 2, True, reasons) is True
     # control: without CONFIG_ATTRIBUTE_MAP the file's moe_* names are not read, the
     # model looks dense and --enable-expert-parallel is refused
-    monkeypatch.setattr(m, "CONFIG_ATTRIBUTE_MAP", {})
+    monkeypatch.setattr(model_families, "CONFIG_ATTRIBUTE_MAP", {})
     dense = m.describe_config(cfg, weights_bytes=1)
     assert dense["moe"] is None
     with pytest.raises(t.TuneError, match="mixture-of-experts"):

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
 from test_model_families import MODELS, check_encoder_only, check_kv_bytes, kinds, load
 
@@ -46,7 +47,8 @@ def test_internlm2_5_7b_is_full_gqa_with_head_size_hidden_over_heads(monkeypatch
     assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
     assert t.kv_layout(desc, tp=16, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
     # control: outside the table the same config is refused
-    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"internlm2"})
+    monkeypatch.setattr(model_families, "KNOWN_MODEL_TYPES",
+                        model_families.KNOWN_MODEL_TYPES - {"internlm2"})
     with pytest.raises(m.ModelError, match="not in gpufleet's table"):
         m.describe_config(cfg, weights_bytes=1)
 
@@ -102,7 +104,8 @@ def test_twitter_roberta_base_sentiment_is_an_encoder_only_classifier(tmp_path, 
         "max_position_embeddings"] == 512
     # control: read as a decoder, the same config would need 2 x 12 x 64 x 2 = 3,072
     # bytes per token per layer, which vLLM does not allocate
-    monkeypatch.setattr(m, "ENCODER_ONLY_MODEL_TYPES", m.ENCODER_ONLY_MODEL_TYPES - {"roberta"})
+    monkeypatch.setattr(model_families, "ENCODER_ONLY_MODEL_TYPES",
+                        model_families.ENCODER_ONLY_MODEL_TYPES - {"roberta"})
     decoder = m.describe_config(cfg, weights_bytes=1)
     assert decoder["attention"] == "mha"
     assert t.kv_layout(decoder, tp=1, block_size=16)["per_token_layer_bytes"] == 3072

@@ -15,6 +15,7 @@ import pytest
 from test_model_families import check_kv_bytes, kinds, load
 from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
 
 
@@ -48,7 +49,7 @@ def test_llava_1_5_7b_language_model_takes_llama_config_defaults(monkeypatch):
     with pytest.raises(m.ModelError, match="lacks num_hidden_layers, num_attention_heads"):
         m.describe_config(dict(text, architectures=["LlamaForCausalLM"]), weights_bytes=1)
     # control: without TEXT_CONFIG_DEFAULTS the text_config lacks the shape
-    monkeypatch.setattr(m, "TEXT_CONFIG_DEFAULTS", {})
+    monkeypatch.setattr(model_families, "TEXT_CONFIG_DEFAULTS", {})
     with pytest.raises(m.ModelError, match="lacks num_hidden_layers, num_attention_heads"):
         m.describe_config(cfg, weights_bytes=1)
 

@@ -18,6 +18,7 @@ import pytest
 
 from test_model_families import check_kv_bytes, kinds, load
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
 
 
@@ -84,7 +85,8 @@ def test_phi3_5_moe_slides_every_layer_by_its_sliding_window(monkeypatch):
     assert t.max_concurrency(layout, 8193, 131072, 2048) == 1.0
     assert t.max_concurrency(layout, 8192, 131072, 2048) < 1.0
     # control: outside the table the config is refused, as before this family was read
-    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"phimoe"})
+    monkeypatch.setattr(model_families, "KNOWN_MODEL_TYPES",
+                        model_families.KNOWN_MODEL_TYPES - {"phimoe"})
     with pytest.raises(m.ModelError, match="not in gpufleet's table"):
         m.describe_config(cfg, weights_bytes=1)
 
@@ -122,12 +124,12 @@ def test_gte_qwen2_7b_is_causal_false_is_an_encoder_only_embedding_model(monkeyp
                                sentence_transformers=True)
     assert causal["attention"] == "gqa" and kinds(causal) == {"full": 28}
     check_kv_bytes(causal, 28, 4, 128)
-    monkeypatch.setattr(m, "IS_CAUSAL_MODEL_TYPES", set())
+    monkeypatch.setattr(model_families, "IS_CAUSAL_MODEL_TYPES", set())
     desc = m.describe_config(cfg, weights_bytes=1, sentence_transformers=True)
     assert desc["attention"] == "gqa"
 
 
-@pytest.mark.parametrize("model_type", sorted(m.IS_CAUSAL_MODEL_TYPES))
+@pytest.mark.parametrize("model_type", sorted(model_families.IS_CAUSAL_MODEL_TYPES))
 def test_is_causal_false_makes_each_reading_family_encoder_only(model_type):
     # llama.py:277-283 (with mistral.py:144-156 and phi3.py:10), qwen2.py:254-260,
     # qwen3.py:194-200, gemma3.py:165-168 all build EncoderOnlyAttention for it.

@@ -23,6 +23,7 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
 
 MODELS = FIXTURES / "models"
@@ -41,8 +42,8 @@ def kinds(desc):
 
 def check_kv_bytes(desc, layers, kv_heads, head_size):
     """Per-token KV bytes at TP 1: 16-bit and fp8 (16-bit where the family's vLLM file
-    ignores --kv-cache-dtype: model.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES), per layer and
-    for the model."""
+    ignores --kv-cache-dtype: model_families.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES), per
+    layer and for the model."""
     fp8 = 2 if desc["kv_cache_dtype_ignored"] else 1
     for kv_dtype, width in (("auto", 2), ("fp8", fp8)):
         layout = t.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
@@ -648,7 +649,7 @@ def test_gemma2_9b_it_alternates_sliding_and_full_from_the_derived_layer_types(m
     assert layout["group_size"] == 21 and sorted(layout["groups"]) == ["full", "sliding"]
     # control: without the Gemma 2 pattern rule the same config would slide on every
     # layer (sliding_window set, no layer_types), which this test rejects
-    monkeypatch.setattr(m, "LAYER_PATTERN_DEFAULTS", {})
+    monkeypatch.setattr(model_families, "LAYER_PATTERN_DEFAULTS", {})
     assert kinds(m.describe_config(load("gemma-2-9b-it"), weights_bytes=1)) == {
         "sliding": 42}
 
@@ -682,7 +683,7 @@ def test_chatglm3_6b_is_generative_multi_query_groups_and_seq_length(monkeypatch
     with pytest.raises(m.ModelError, match="lacks max_position_embeddings"):
         m.describe_config({k: v for k, v in cfg.items() if k != "seq_length"},
                           weights_bytes=1)
-    monkeypatch.setattr(m, "GENERATIVE_ARCHITECTURES", set())
+    monkeypatch.setattr(model_families, "GENERATIVE_ARCHITECTURES", set())
     assert m.describe_config(cfg, weights_bytes=1)["kind"] == "pooling"
 
 

@@ -21,7 +21,11 @@ Models and their weights
   fetch_wait       the model fetch wait's options and progress line
 
 Tuning vLLM
-  model            a model's description (layers, heads, KV layout) from its config.json
+  model            a model's description (layers, heads, KV layout) from its folder or its
+                   config.json; the weights' bytes from safetensors headers
+  model_families   what each family's config means for its KV cache: the tables keyed by
+                   model_type and FAMILY_RULES, the per-family rules describe_config applies
+  model_fields     a model description's errors and the checks of one config field
   tune             the memory arithmetic and the planner behind vllm_tune
   deepseek_v4      DeepSeek-V4's KV cache as vLLM 0.32.0 plans it
   speculative      speculative decoding (EAGLE, MTP, n-gram) as vLLM 0.32.0 sizes it

@@ -251,7 +251,7 @@ def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
     num_layers = model["num_layers"]
     if model.get("kv_cache_dtype_ignored"):
         # the model file builds its layers without cache_config: "auto" whatever the
-        # flag says (model.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES)
+        # flag says (model_families.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES)
         kv_cache_dtype = "auto"
     if model["attention"] == "encoder_only":
         return {"per_token_layer_bytes": 0, "page_bytes": 0, "group_size": 0,
@@ -985,8 +985,9 @@ def _extra_toggle(extra_args, name, default):
 
 
 def _check_remote_config(model, extra_args, reasons):
-    """A config class only the checkpoint's own code defines (model.REMOTE_CONFIG_MODEL_TYPES)
-    loads in vLLM only with --trust-remote-code: refuse the plan unless extra_args says
+    """A config class only the checkpoint's own code defines
+    (model_families.REMOTE_CONFIG_MODEL_TYPES) loads in vLLM only with
+    --trust-remote-code: refuse the plan unless extra_args says
     so, rather than let the container fail at start. gpufleet never adds the flag itself:
     it runs the repository's Python."""
     remote = model.get("remote_config_class")
