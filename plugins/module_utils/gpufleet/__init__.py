@@ -7,7 +7,11 @@ path, so `from gpufleet import tune` works without Ansible). One file per subjec
 GPUs and the host stack
   arch             the one compute capability -> architecture table and its parser
   gpu              GPU facts: NVML, `nvidia-smi -q -x`, the PCI bus; product tables
-  cuda             driver / CUDA / architecture / image compatibility (NVIDIA_REQUIRE_CUDA)
+  cuda             can this host run that image: the verdict of cuda_compat (check)
+  cuda_versions    NVIDIA's driver / CUDA / architecture tables and their version parsers
+  require_cuda     an image's NVIDIA_REQUIRE_CUDA as libnvidia-container evaluates it; its
+                   CUDA version and kernel architectures from its labels
+  compat_libs      the image's CUDA forward-compat libcuda and whether the toolkit loads it
   hoststack        NVIDIA repositories, driver packages and versions, per distribution
   hoststate        a host's state record: is it exactly as its last full site.yml run left it
 
