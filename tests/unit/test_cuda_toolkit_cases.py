@@ -1,4 +1,4 @@
-"""NVIDIA's own tests as the spec for gpufleet.cuda's reading of an image's requirements.
+"""NVIDIA's own tests as the spec for gpufleet.require_cuda's reading of an image's requirements.
 
 Every case below is a case of NVIDIA's Go test suite, mapped onto gpufleet.cuda, with
 the repository, commit, file, test and case name it comes from.  Sources read:

@@ -28,6 +28,7 @@ from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_dec
 from gpufleet import model as m
 from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 
 
 def test_gemma_7b_reads_head_dim_256_not_hidden_over_heads(monkeypatch):
@@ -44,7 +45,7 @@ def test_gemma_7b_reads_head_dim_256_not_hidden_over_heads(monkeypatch):
     desc = check_full_decoder(cfg, "GemmaForCausalLM", "gemma", (28, 16, 256), "mha",
                               "bfloat16", 8192)
     # 16 KV heads split across TP 2: 8 per GPU
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 256 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 256 * 2
     # a file without head_dim still gets 256: GemmaConfig's default
     # (transformers 5.19 configuration_gemma.py:73), through CONFIG_DEFAULTS
     bare = {k: v for k, v in cfg.items() if k != "head_dim"}
@@ -72,7 +73,7 @@ def test_gpt2_is_mha_with_its_n_names_and_1024_positions(monkeypatch):
     assert desc["torch_dtype_from_config"] is False and desc["hidden_size"] == 768
     # 12 heads: TP 4 keeps 3 per GPU; TP 8 is refused (gpt2.py:75 asserts
     # heads % tp == 0)
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 3 * 64 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 3 * 64 * 2
     assert t.tp_problem(desc, 4) is None and "not divisible" in t.tp_problem(desc, 8)
     # a file naming max_position_embeddings sets n_positions (attribute_map): 2048 here
     renamed = {k: v for k, v in cfg.items() if k != "n_positions"}
@@ -127,12 +128,12 @@ def test_gpt_j_6b_head_size_is_hidden_over_heads_not_rotary_dim():
                               "bfloat16", 2048)
     assert desc["torch_dtype_from_config"] is False
     # control: were rotary_dim the head size, it would be 2 x 16 x 64 x 2 = 4,096
-    per_token = t.kv_layout(desc, tp=1, block_size=16)["per_token_layer_bytes"]
+    per_token = kv_memory.kv_layout(desc, tp=1, block_size=16)["per_token_layer_bytes"]
     assert per_token == 16384 != 2 * 16 * cfg["rotary_dim"] * 2
     # another rotary_dim changes nothing in the cache
     assert m.describe_config(dict(cfg, rotary_dim=32), weights_bytes=1)["head_size"] == 256
     # 16 KV heads split across TP 8: 2 per GPU
-    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 256 * 2
+    assert kv_memory.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 256 * 2
 
 
 def test_bloomz_560m_is_alibi_mha_with_n_embed_and_seq_length(monkeypatch):
@@ -151,7 +152,7 @@ def test_bloomz_560m_is_alibi_mha_with_n_embed_and_seq_length(monkeypatch):
                               "bfloat16", 2048)
     assert desc["hidden_size"] == 1024 and desc["rope_scaling"] is None
     # 16 KV heads split across TP 2: 8 per GPU (bloom.py:120-124 slices the slopes too)
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 64 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 64 * 2
     # without seq_length (bigscience/bloom names no length): vLLM's 2,048
     # (config/model.py:2561-2578), and a shorter seq_length is taken as it is
     bare = {k: v for k, v in cfg.items() if k != "seq_length"}

@@ -20,6 +20,7 @@ from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_dec
 from gpufleet import model as m
 from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 
 
 def test_gemma3_1b_text_only_slides_five_of_six_layers_by_512_with_one_kv_head():
@@ -48,10 +49,10 @@ def test_gemma3_1b_text_only_slides_five_of_six_layers_by_512_with_one_kv_head()
     # 2 x 1 x 256 x 2 = 1,024 bytes per token per layer
     check_kv_bytes(desc, 26, 1, 256)
     # one KV head is replicated, not split: still 1,024 bytes per GPU at TP 4
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 256 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 256 * 2
     # KV cache groups of 4 layers (the smaller count; 22 >= 1.5 x 4): ceil(22 / 4) = 6
     # sliding groups and 1 full group, each block 4 layers' pages
-    layout = t.kv_layout(desc, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(desc, tp=1, block_size=16)
     assert layout["group_size"] == 4 and sorted(layout["groups"]) == ["full"] + ["sliding"] * 6
     assert layout["bytes_per_block"] == 16 * 1024 * 4
     # 4 heads: TP 4 is accepted (gemma3.py:114 asserts heads % tp == 0), TP 8 not
@@ -91,8 +92,8 @@ def test_qwen2_vl_7b_language_model_is_qwen2_from_top_level_fields():
                               (28, 4, 128), "gqa", "bfloat16", 32768)
     assert desc["rope_scaling"]["type"] == "mrope"
     # 4 KV heads: TP 2 keeps 2 per GPU; TP 8 replicates them (qwen2.py:141-149): 1 each
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 128 * 2
-    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
 
 
 def test_ernie_4_5_21b_a3b_moe_layout_and_experts_from_moe_names(monkeypatch):
@@ -110,7 +111,7 @@ def test_ernie_4_5_21b_a3b_moe_layout_and_experts_from_moe_names(monkeypatch):
     # 2 x 4 x 128 x 2 = 2,048 bytes per token per layer
     desc = check_full_decoder(cfg, "Ernie4_5_MoeForCausalLM", "ernie4_5_moe", (28, 4, 128),
                               "gqa", "bfloat16", 131072)
-    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
     # the routed experts (ernie45_moe.py:136, 186-187: moe_num_experts 64, top_k moe_k
     # 6), read through the config class's attribute_map, so expert parallelism is
     # allowed for it

@@ -16,6 +16,7 @@ from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_dec
 from gpufleet import model as m
 from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 from helpers import pinning_lock
 
 FULL, SLIDING = model_families.FULL_LAYER, model_families.SLIDING_LAYER
@@ -44,8 +45,8 @@ def test_smollm3_3b_is_gqa_full_attention_nope_layers_keep_their_cache():
                               "bfloat16", 65536)
     assert desc["kind"] == "generative" and desc["rope_scaling"] is None
     # 4 KV heads split across TP 2: 2 per GPU; TP 4: 1 per GPU
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 128 * 2
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
 
 
 def _smollm3_without_layer_types(**fields):

@@ -29,6 +29,7 @@ from conftest import FIXTURES
 from gpufleet import model as m
 from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 
 MODELS = FIXTURES / "models"
 
@@ -82,7 +83,7 @@ def check_plain(desc, layers, kv_heads, head_size):
         (layers, kv_heads, head_size)
     assert desc["kind_heads"] is None
     for kv_dtype, width in (("auto", 2), ("fp8", 1)):
-        layout = t.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
+        layout = kv_memory.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
         assert layout["per_token_layer_bytes"] == 2 * kv_heads * head_size * width
         assert layout["num_layers"] == layers
 

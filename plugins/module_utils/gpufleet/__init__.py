@@ -30,7 +30,11 @@ Tuning vLLM
   model_families   what each family's config means for its KV cache: the tables keyed by
                    model_type and FAMILY_RULES, the per-family rules describe_config applies
   model_fields     a model description's errors and the checks of one config field
-  tune             the memory arithmetic and the planner behind vllm_tune
+  tune             the planner behind vllm_tune: settings, checks, reasons, `vllm serve` args
+  tune_errors      the tuner's errors (TuneError, NoFitError)
+  kv_memory        the KV cache as vLLM lays it out: pages, blocks, tokens, concurrency,
+                   pipeline stages
+  kv_log           what vLLM's start-up log says about the KV cache, against a prediction
   deepseek_v4      DeepSeek-V4's KV cache as vLLM 0.32.0 plans it
   speculative      speculative decoding (EAGLE, MTP, n-gram) as vLLM 0.32.0 sizes it
   engine_args      every `vllm serve` argument, classified (read, refused, passed through)
