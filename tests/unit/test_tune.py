@@ -16,7 +16,6 @@ from gpufleet import gpu as gpu_facts
 from gpufleet import model as m
 from gpufleet import tune as t
 from gpufleet import kv_memory
-from gpufleet import kv_log
 from helpers import run_module
 
 MODELS = FIXTURES / "models"
@@ -126,23 +125,6 @@ def test_hybrid_plan_reports_the_groups():
     result = t.plan(hybrid_model(20, 4), RTX_4090, max_model_len=32768)
     assert any("hybrid" in r for r in result["reasons"])
     assert result["prediction"]["max_concurrency"] > 1
-
-
-def test_parse_vllm_log_lines_and_compare():
-    # Line formats from vllm/v1/core/kv_cache_utils.py _report_kv_cache_config and the
-    # CPU backend's "CPU KV cache size: 2,816 tokens" (shared/notes/test-infra.md).
-    log = ("INFO [gpu_worker.py:298] Available KV cache memory: 3.81 GiB\n"
-           "INFO [kv_cache_utils.py:1087] GPU KV cache size: 31,232 tokens\n"
-           "INFO [kv_cache_utils.py:1091] Maximum concurrency for 8,192 tokens per "
-           "request: 3.81x\n")
-    parsed = kv_log.parse_kv_cache_log(log)
-    assert parsed == {"kv_cache_tokens": 31232, "device": "GPU", "max_model_len": 8192,
-                      "max_concurrency": 3.81, "available_kv_gib": 3.81}
-    assert kv_log.parse_kv_cache_log("CPU KV cache size: 2,816 tokens")["device"] == "CPU"
-    cmp = kv_log.compare_with_log(31200, log)
-    assert cmp["observed"] == 31232 and abs(cmp["relative_error"]) < 0.01
-    with pytest.raises(t.TuneError, match="no 'KV cache size"):
-        kv_log.parse_kv_cache_log("nothing here")
 
 
 def test_kv_tokens_for_a_cpu_budget_match_hand_arithmetic():

@@ -22,7 +22,7 @@ from .cuda_versions import driver_cuda_version, parse_compute_capability, parse_
 # (sources: NVIDIA/nvidia-container-toolkit at d34b3046758cb1a5db606b2a39519c731bbf9f56,
 # NVIDIA/libnvidia-container src/cli/dsl.c at 5823754b8577d16fabf25a6ef6a1d58f7ff1e5dd and
 # src/cli/configure.c at e27a4a75805021ffdfa9b56403921f50eb3b83d2; their test cases are
-# ported in tests/unit/test_cuda_toolkit_cases.py):
+# ported in tests/unit/test_require_cuda.py):
 #   nvidia-container-toolkit internal/config/image/cuda_image.go CUDA.GetRequirements():
 #     NVIDIA_DISABLE_REQUIRE=<true per strconv.ParseBool> drops them all (HasDisableRequire);
 #     otherwise every env var starting with NVIDIA_REQUIRE_ (except NVIDIA_REQUIRE_JETPACK*)
