@@ -18,6 +18,7 @@ from gpufleet import model as m
 from gpufleet import model_families
 from gpufleet import tune as t
 from gpufleet import kv_memory
+from gpufleet import serve_dtype
 
 
 def test_llava_1_5_7b_language_model_takes_llama_config_defaults(monkeypatch):
@@ -111,7 +112,7 @@ def test_exaone_3_5_7_8b_reads_num_layers_and_head_dim():
     # llama3 rope_scaling (factor 8 over original 8192) is not applied again
     # (config/model.py:2585-2605, "llama3" among the types skipped). torch_dtype float32
     # in the file: vLLM downcasts a float32 checkpoint to its preferred 16-bit dtype
-    # (config/model.py:2422-2424), as the tuner's dtype choice does (tune._served_dtype).
+    # (config/model.py:2422-2424), as the tuner's dtype choice does (serve_dtype.served_dtype).
     cfg = load("exaone-3.5-7.8b-instruct")
     assert "num_hidden_layers" not in cfg and cfg["num_layers"] == 32
     assert cfg["rope_scaling"]["rope_type"] == "llama3"
@@ -122,7 +123,7 @@ def test_exaone_3_5_7_8b_reads_num_layers_and_head_dim():
     assert kinds(desc) == {"full": 32} and desc["sliding_window"] is None
     assert desc["attention"] == "gqa" and desc["kind"] == "generative"
     assert desc["torch_dtype"] == "float32"
-    assert t._served_dtype(desc, (9, 0), None, [], False) == ("bfloat16", 2)
+    assert serve_dtype.served_dtype(desc, (9, 0), None, [], False) == ("bfloat16", 2)
     assert desc["max_position_embeddings"] == 32768 and t.model_max_len(desc) == 32768
     # 2 x 8 x 128 x 2 = 4,096 bytes per token per layer
     check_kv_bytes(desc, 32, 8, 128)

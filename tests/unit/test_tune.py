@@ -16,6 +16,7 @@ from gpufleet import gpu as gpu_facts
 from gpufleet import model as m
 from gpufleet import tune as t
 from gpufleet import kv_memory
+from gpufleet import vllm_flags
 from helpers import run_module
 
 MODELS = FIXTURES / "models"
@@ -538,8 +539,8 @@ def test_extra_args_are_rewritten_for_the_version():
     old = t.plan(llama, RTX_4090, max_model_len=4096, vllm_version="0.9.0",
                  extra_args=["--no-enable-log-requests"])
     assert old["args"][-1] == "--disable-log-requests"
-    assert t.default_gpu_memory_utilization("0.20.1") == 0.9
-    assert t.default_gpu_memory_utilization("0.32.0") == 0.92
+    assert vllm_flags.default_gpu_memory_utilization("0.20.1") == 0.9
+    assert vllm_flags.default_gpu_memory_utilization("0.32.0") == 0.92
 
 
 def test_overhead_override_moves_the_budget_exactly():

@@ -35,6 +35,8 @@ Tuning vLLM
   kv_memory        the KV cache as vLLM lays it out: pages, blocks, tokens, concurrency,
                    pipeline stages
   kv_log           what vLLM's start-up log says about the KV cache, against a prediction
+  serve_dtype      the dtypes vLLM serves with on a GPU: weights (--dtype), KV cache, quantization
+  vllm_flags       vLLM flags and defaults that depend on its version; version comparison
   deepseek_v4      DeepSeek-V4's KV cache as vLLM 0.32.0 plans it
   speculative      speculative decoding (EAGLE, MTP, n-gram) as vLLM 0.32.0 sizes it
   engine_args      every `vllm serve` argument, classified (read, refused, passed through)
