@@ -351,8 +351,8 @@ def _disable_fix(gpu_runtime, toolkit_version):
 
 
 def compat_verdict(result, driver_version, compat, toolkit_version, gpu_runtime,
-                    cuda_compat_disabled, brand, datacenter_gpu, allow_forward_compat,
-                    fc_blocked):
+                   cuda_compat_disabled, brand, datacenter_gpu, allow_forward_compat,
+                   fc_blocked):
     """Amend check()'s result with what the container really loads."""
     reasons, suggestions = result["reasons"], result["suggestions"]
     if compat.get("source") == "assumed":

@@ -387,8 +387,8 @@ def _check(driver_version, compute_capabilities=(), cuda_version=None, require_c
             compat = assumed_compat_libs(required) if required else None
         if compat is not None:
             result = compat_verdict(result, driver_version, compat, toolkit_version,
-                                     gpu_runtime, cuda_compat_disabled, brand, datacenter_gpu,
-                                     allow_forward_compat, fc_blocked)
+                                    gpu_runtime, cuda_compat_disabled, brand, datacenter_gpu,
+                                    allow_forward_compat, fc_blocked)
     return result
 
 

@@ -201,7 +201,7 @@ def _quantization(cfg, source="config.json"):
         bits = 8
     if bits is not None:
         out["bits"] = positive_int(bits, f"quantization_config.{bits_key}", source,
-                                    extra=" and <= 32")
+                                   extra=" and <= 32")
         if bits > 32:
             raise ModelError(f"{source}: quantization_config.{bits_key} is {bits}; it must "
                              "be an integer from 1 to 32")
@@ -211,7 +211,7 @@ def _quantization(cfg, source="config.json"):
         group = quant[group_key]
         if group != -1:  # GPTQ/AWQ: -1 is one group per output channel
             positive_int(group, f"quantization_config.{group_key}", source,
-                          extra=", or -1 for per-channel")
+                         extra=", or -1 for per-channel")
         out["group_size"] = group
     block = quant.get("weight_block_size")
     if block is not None:
@@ -239,7 +239,7 @@ def _rope_scaling(text, source):
             positive_number(rope[field], f"{key}.{field}", source)
     if rope.get("original_max_position_embeddings") is not None:
         positive_int(rope["original_max_position_embeddings"],
-                      f"{key}.original_max_position_embeddings", source)
+                     f"{key}.original_max_position_embeddings", source)
     return rope
 
 
@@ -423,7 +423,7 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
                                         kv_heads, num_heads)
 
     kind_heads = families.heads_per_kind(text, model_type, layer_kinds, kv_heads, head_size,
-                             num_heads, source)
+                                         num_heads, source)
     torch_dtype = str(first_of(cfg, "torch_dtype", "dtype") or first_of(
         text, "torch_dtype", "dtype") or "")
     if not torch_dtype and weights_dtype in SAFETENSORS_TO_TORCH:
@@ -431,7 +431,7 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
     num_experts = first_of(text, "n_routed_experts", "num_local_experts", "num_experts")
     if num_experts is not None:
         positive_int(num_experts, field_name(text, "n_routed_experts", "num_local_experts",
-                                               "num_experts"), source)
+                                             "num_experts"), source)
     remote_modules, remote_repos = auto_map_modules(cfg)
     desc = {
         "name": name or (architectures[0] if architectures else model_type),

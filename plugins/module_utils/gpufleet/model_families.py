@@ -498,7 +498,7 @@ def hybrid_layer_list(text, model_type, wrapped, source):
     if spec is None:
         return text
     num_layers = positive_int(first_of(text, "num_hidden_layers"), "num_hidden_layers",
-                               source)
+                              source)
     field = next((f for f in spec["fields"] if text.get(f) is not None), None)
     indices = spec["indices"]
     how = ""
@@ -707,6 +707,8 @@ def _chatglm_rule(text, source):
     # multi_query_attention (ChatGLMConfig's default is false), else one per head.
     if not text.get("multi_query_attention"):
         text.pop("multi_query_group_num", None)
+
+
 FAMILY_RULES = {
     "gpt2": _gpt2_rule,
     "gpt_bigcode": _gpt_bigcode_rule,
@@ -731,8 +733,8 @@ def heads_per_kind(text, model_type, layer_kinds, kv_heads, head_size, num_heads
         if text.get("attention_k_eq_v") and \
                 text.get("num_global_key_value_heads") is not None:
             full_kv = positive_int(text["num_global_key_value_heads"],
-                                    "num_global_key_value_heads", source,
-                                    extra=f" dividing num_attention_heads ({num_heads})")
+                                   "num_global_key_value_heads", source,
+                                   extra=f" dividing num_attention_heads ({num_heads})")
             _check_kv_divides(full_kv, "num_global_key_value_heads", num_heads, source)
         layers = [(full_kv, full_head) if kind == "full" else (kv_heads, head_size)
                   for kind in layer_kinds]
@@ -748,6 +750,8 @@ def heads_per_kind(text, model_type, layer_kinds, kv_heads, head_size, num_heads
         return None
     return {kind: {"num_kv_heads": kv, "head_size": size}
             for kind, (kv, size) in heads.items()}
+
+
 # The per-layer overrides _per_layer_heads reads; any other one is refused, since
 # vLLM may read it per layer too (a window, a rope) and the tuner would not.
 PER_LAYER_HEAD_FIELDS = ("head_dim", "num_key_value_heads")
@@ -778,10 +782,10 @@ def _per_layer_heads(per_layer, layer_kinds, kv_heads, head_size, num_heads, sou
                 f"only {' and '.join(PER_LAYER_HEAD_FIELDS)} per layer. Run vLLM once "
                 "with --kv-cache-memory-bytes and read its 'KV cache size' line instead.")
         kv = positive_int(fields.get("num_key_value_heads", kv_heads),
-                           f"{where}.num_key_value_heads", source)
+                          f"{where}.num_key_value_heads", source)
         _check_kv_divides(kv, f"{where}.num_key_value_heads", num_heads, source)
         layers[int(key)] = (kv, positive_int(fields.get("head_dim", head_size),
-                                              f"{where}.head_dim", source))
+                                             f"{where}.head_dim", source))
     return layers
 
 

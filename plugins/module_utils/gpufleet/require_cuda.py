@@ -330,6 +330,8 @@ def evaluate_require_cuda(value, driver_version, brand=None, arch=None, driver_c
 def _parse_bool_go(s):
     """Go strconv.ParseBool; invalid -> False (HasDisableRequire ignores the error)."""
     return s in ("1", "t", "T", "TRUE", "true", "True")
+
+
 # Masterminds/semver v3 looseSemVerRegex, as NewVersion uses it (CoerceNewVersion).
 _SEMVER_LOOSE_RE = re.compile(
     r"v?([0-9]+)(\.[0-9]+)?(\.[0-9]+)?"

@@ -387,7 +387,7 @@ def _evaluate(ctx, tp):
     applied = _spec_apply(ctx, tp)
     model = applied["model"]
     layout = kv_memory.kv_layout(model, tp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
-                       ctx["async"])
+                                 ctx["async"])
     weights_per_gpu = (ctx["weights"] + applied["draft_weights_bytes"]) // tp
     target_len = opts["wanted_len"] or opts["limit"]
     batched = max(ctx["mnbt"], target_len) if ctx["pooling"] else ctx["mnbt"]
@@ -406,7 +406,7 @@ def _evaluate(ctx, tp):
         room = kv_bytes > 0
     search_to = max(opts["limit"], opts["wanted_len"] or 0)
     fit_len = kv_memory.max_fitting_len(layout, kv_bytes, search_to, ctx["mnbt"],
-                              opts["requests"]) if room else 0
+                                        opts["requests"]) if room else 0
     return {"tp": tp, "layout": layout, "weights_per_gpu": weights_per_gpu,
             "overhead": overhead, "kv_bytes": kv_bytes, "room": room, "fit_len": fit_len,
             "fits": room and fit_len >= target_len}
@@ -420,7 +420,7 @@ def _evaluate_pp(ctx, tp, pp):
     its budget and bytes per block stand for the plan."""
     model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
     layout = kv_memory.pp_layout(model, tp, pp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
-                       ctx["async"])
+                                 ctx["async"])
     ranges = kv_memory.pp_layer_ranges(model["num_layers"], pp)
     weights = kv_memory.pp_stage_weights(model, ctx["weights"], ctx["act_bytes"], ranges)
     target_len = opts["wanted_len"] or opts["limit"]
@@ -448,7 +448,7 @@ def _evaluate_pp(ctx, tp, pp):
     room = all(st["room"] for st in stages)
     search_to = max(opts["limit"], opts["wanted_len"] or 0)
     fit_len = kv_memory.max_fitting_len(tight["layout"], tight["kv_cache_bytes"], search_to,
-                              ctx["mnbt"], opts["requests"]) if room else 0
+                                        ctx["mnbt"], opts["requests"]) if room else 0
     public = [{k: v for k, v in st.items() if k not in ("layout", "room")}
               for st in stages]
     return {"tp": tp, "pp": pp, "layout": tight["layout"],
@@ -803,9 +803,9 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         "convert": convert,
         # as the container runs: the tuner's default, or what extra_args says last
         "enable_prefix_caching": engine_args.extra_toggle(ctx["extra"], "enable-prefix-caching",
-                                               not ctx["pooling"]),
+                                                          not ctx["pooling"]),
         "enable_chunked_prefill": engine_args.extra_toggle(ctx["extra"], "enable-chunked-prefill",
-                                                not ctx["pooling"]),
+                                                           not ctx["pooling"]),
         "enforce_eager": bool(enforce_eager),
         "docker": docker, "env": env, "enable_expert_parallel": ep,
         "emit_block_size": model["attention"] == "deepseek_v4",
