@@ -1,7 +1,7 @@
 """NVIDIA's own tests as the spec for gpufleet.require_cuda's reading of an image's requirements.
 
-Every case below is a case of NVIDIA's Go test suite, mapped onto gpufleet.cuda, with
-the repository, commit, file, test and case name it comes from.  Sources read:
+Every case below is a case of NVIDIA's Go test suite, mapped onto gpufleet.require_cuda
+and gpufleet.cuda, with the repository, commit, file, test and case name it comes from.  Sources read:
 
   TK   NVIDIA/nvidia-container-toolkit at d34b3046758cb1a5db606b2a39519c731bbf9f56
        internal/requirements/constraints/factory_test.go  (TestParse,
@@ -60,7 +60,7 @@ DSL_C = "NVIDIA/libnvidia-container@5823754b8577d16fabf25a6ef6a1d58f7ff1e5dd src
 
 HINT = ", please update your driver to a newer version, or use an earlier cuda container"
 
-# Hosts the cases are evaluated on (driver -> CUDA from gpufleet.cuda.DRIVER_BRANCHES).
+# Hosts the cases are evaluated on (driver -> CUDA from gpufleet.cuda_versions.DRIVER_BRANCHES).
 D450 = "450.51.05"    # CUDA 11.0
 D535 = "535.129.03"   # CUDA 12.2
 D580 = "580.65.06"    # CUDA 13.0

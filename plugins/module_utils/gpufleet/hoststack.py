@@ -374,7 +374,7 @@ def upstream_version(version):
 # ---------------------------------------------------------------------------------------
 
 # The branches the driver role installs: those of CUDA 11 and later. The older rows of
-# cuda.DRIVER_BRANCHES give verdicts for hosts that still run them, not install targets.
+# cuda_versions.DRIVER_BRANCHES give verdicts for hosts that still run them, not install targets.
 INSTALLABLE_BRANCHES = tuple(b for b in sorted(DRIVER_BRANCHES) if b >= 450)
 
 
