@@ -9,6 +9,8 @@ transformers file it was read in; see docs/tuning.md.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .model_fields import (ModelError, UnsupportedModelError, first_of, is_int,
                            positive_int)
 
@@ -315,17 +317,32 @@ LEGACY_FULL_LAYER = "attention"
 # runs (platforms/interface.py:786-787 _align_hybrid_block_size only if is_hybrid)
 # and every layer is a plain Attention, so the checkpoint is described as the
 # attention layout its fields give. Any other entry is refused naming it.
-# model_type: {
-#   "fields": the config.json names of the list, the one the config class reads first (an attribute_map name wins over the field's own, see
-#             CONFIG_ATTRIBUTE_MAP),
-#   "file": vLLM's model file and the lines that pick each layer's class,
-#   "other": what vLLM builds for an entry other than full attention,
-#   "lifts": UNMODELLED_STRUCTURES fields that only size those other layers, so they
-#            show nothing when no layer is one,
-#   "indices": a field of attention-layer indices the config class writes the list
-#            from when the file has none, or None,
-#   "default": what the config class writes when the file has neither (None: no list,
-#            which vLLM's model file cannot index)}
+# model_type: HybridLayerList.
+
+
+@dataclass(frozen=True)
+class HybridLayerList:
+    """How a hybrid family's vLLM model file picks each layer's class (HYBRID_LAYER_LISTS).
+
+    fields: the config.json names of the per-layer list, the one the config class reads
+        first (an attribute_map name wins over the field's own, see CONFIG_ATTRIBUTE_MAP).
+    file: vLLM's model file and the lines that pick each layer's class.
+    other: what vLLM builds for an entry other than full attention ({entry or None: what}).
+    lifts: UNMODELLED_STRUCTURES fields that only size those other layers, so they show
+        nothing when no layer is one.
+    indices: a field of attention-layer indices the config class writes the list from
+        when the file has none, or None.
+    default: what the config class writes when the file has neither (None: no list,
+        which vLLM's model file cannot index).
+    """
+    fields: tuple
+    file: str
+    other: dict
+    lifts: tuple
+    indices: str | None
+    default: str | None
+
+
 HYBRID_LAYER_LISTS = {
     # Granite 4.0 (GraniteMoeHybridForCausalLM, registry.py:127): granitemoehybrid.py:
     # 322-325 ALL_DECODER_LAYER_TYPES has full_attention and linear_attention (Mamba2)
@@ -334,42 +351,42 @@ HYBRID_LAYER_LISTS = {
     # layers_block_type with layer_types, and (:106-107) writes every layer
     # linear_attention when the file has no list. granite-4.0-micro / -350m / -1b
     # name every layer "attention".
-    "granitemoehybrid": {
-        "fields": ("layers_block_type", "layer_types"),
-        "file": "granitemoehybrid.py:322-325, 351",
-        "other": {"mamba": "a Mamba2 layer (GraniteMoeHybridMambaDecoderLayer), which "
-                  "keeps a recurrent state per request, not a KV cache",
-                  "linear_attention": "a Mamba2 layer (GraniteMoeHybridMambaDecoderLayer), "
-                  "which keeps a recurrent state per request, not a KV cache"},
-        "lifts": ("mamba_d_state",),
-        "indices": None,
-        "default": "linear_attention",
-    },
+    "granitemoehybrid": HybridLayerList(
+        fields=("layers_block_type", "layer_types"),
+        file="granitemoehybrid.py:322-325, 351",
+        other={"mamba": "a Mamba2 layer (GraniteMoeHybridMambaDecoderLayer), which "
+               "keeps a recurrent state per request, not a KV cache",
+               "linear_attention": "a Mamba2 layer (GraniteMoeHybridMambaDecoderLayer), "
+               "which keeps a recurrent state per request, not a KV cache"},
+        lifts=("mamba_d_state",),
+        indices=None,
+        default="linear_attention",
+    ),
     # LFM2 (Lfm2ForCausalLM, registry.py:146): lfm2.py:331-333 builds
     # Lfm2AttentionDecoderLayer where layer_types[i] == "full_attention", else
     # Lfm2ShortConvDecoderLayer (a conv state per request). transformers 5.19
     # Lfm2Config (configuration_lfm2.py:82-88) writes layer_types from full_attn_idxs
     # when the file has none, and every layer full_attention when it has neither.
-    "lfm2": {
-        "fields": ("layer_types",),
-        "file": "lfm2.py:331-333",
-        "other": {None: "a short-convolution layer (Lfm2ShortConvDecoderLayer), which "
-                  "keeps a conv state per request, not a KV cache"},
-        "lifts": (),
-        "indices": "full_attn_idxs",
-        "default": FULL_LAYER,
-    },
+    "lfm2": HybridLayerList(
+        fields=("layer_types",),
+        file="lfm2.py:331-333",
+        other={None: "a short-convolution layer (Lfm2ShortConvDecoderLayer), which "
+               "keeps a conv state per request, not a KV cache"},
+        lifts=(),
+        indices="full_attn_idxs",
+        default=FULL_LAYER,
+    ),
     # LFM2-MoE (Lfm2MoeForCausalLM, registry.py:147): lfm2_moe.py:433-437, the same
     # rule; Lfm2MoeConfig (configuration_lfm2_moe.py:83-87) writes no list.
-    "lfm2_moe": {
-        "fields": ("layer_types",),
-        "file": "lfm2_moe.py:433-437",
-        "other": {None: "a short-convolution layer (Lfm2MoeShortConvDecoderLayer), "
-                  "which keeps a conv state per request, not a KV cache"},
-        "lifts": (),
-        "indices": None,
-        "default": None,
-    },
+    "lfm2_moe": HybridLayerList(
+        fields=("layer_types",),
+        file="lfm2_moe.py:433-437",
+        other={None: "a short-convolution layer (Lfm2MoeShortConvDecoderLayer), "
+               "which keeps a conv state per request, not a KV cache"},
+        lifts=(),
+        indices=None,
+        default=None,
+    ),
 }
 # Structures whose KV cache (or recurrent state) vLLM builds in a way the tuner does
 # not model, each recognised by the config field that shows it, whatever the
@@ -499,8 +516,8 @@ def hybrid_layer_list(text, model_type, wrapped, source):
         return text
     num_layers = positive_int(first_of(text, "num_hidden_layers"), "num_hidden_layers",
                               source)
-    field = next((f for f in spec["fields"] if text.get(f) is not None), None)
-    indices = spec["indices"]
+    field = next((f for f in spec.fields if text.get(f) is not None), None)
+    indices = spec.indices
     how = ""
     if field is not None:
         layers = text[field]
@@ -515,28 +532,28 @@ def hybrid_layer_list(text, model_type, wrapped, source):
         field = "layer_types"
         layers = [FULL_LAYER if i in picked else "conv" for i in range(num_layers)]
         how = f", written by the config class from {indices} {picked}"
-    elif spec["default"] is not None:
+    elif spec.default is not None:
         field = "layer_types"
-        layers = [spec["default"]] * num_layers
+        layers = [spec.default] * num_layers
         how = (f", written by the config class, config.json having no "
-               f"{' or '.join(spec['fields'] + ((indices,) if indices else ()))}")
+               f"{' or '.join(spec.fields + ((indices,) if indices else ()))}")
     else:
         raise UnsupportedModelError(
-            f"{source}: {model_type} has no layer_types; vLLM's {spec['file']} builds "
+            f"{source}: {model_type} has no layer_types; vLLM's {spec.file} builds "
             "each layer from that list, which this config class does not write. Name "
             "the layers in config.json, or run vLLM once with --kv-cache-memory-bytes "
             "and read its 'KV cache size' line instead.")
     others = [(i, k) for i, k in enumerate(layers) if k not in (FULL_LAYER, LEGACY_FULL_LAYER)]
     if others:
         i, entry = others[0]
-        what = spec["other"].get(entry, spec["other"].get(None)) or (
-            f"no layer class vLLM's {spec['file'].split(':')[0]} has (it builds "
+        what = spec.other.get(entry, spec.other.get(None)) or (
+            f"no layer class vLLM's {spec.file.split(':')[0]} has (it builds "
             "full_attention and linear_attention layers only)")
         kinds = [str(k) for _name, k in others]
         counts = ", ".join(f"{kinds.count(k)} x {k}" for k in sorted(set(kinds)))
         raise UnsupportedModelError(
             f"{source}: {field} has {counts} of {num_layers} layers{how}; "
-            f"{field}[{i}] is {entry!r}: {what} (vLLM 0.32.0 {spec['file']}). "
+            f"{field}[{i}] is {entry!r}: {what} (vLLM 0.32.0 {spec.file}). "
             "gpufleet's tuner models this family only when every layer is full "
             "attention; run vLLM once with --kv-cache-memory-bytes and read its 'KV "
             "cache size' line instead.")
@@ -550,7 +567,7 @@ def hybrid_layer_list(text, model_type, wrapped, source):
             "_align_hybrid_block_size), "
             "which gpufleet's tuner does not model. Run vLLM once with "
             "--kv-cache-memory-bytes and read its 'KV cache size' line instead.")
-    dropped = set(spec["fields"]) | set(spec["lifts"]) | {indices}
+    dropped = set(spec.fields) | set(spec.lifts) | {indices}
     out = {k: v for k, v in text.items() if k not in dropped}
     out["layer_types"] = [FULL_LAYER] * num_layers
     return out
