@@ -68,7 +68,7 @@ for w in .whl/nvidia_cuda_runtime*.whl; do
 done
 OUT_DIR="$out" PYTHONPATH="$PWD/module_utils${PYTHONPATH:+:$PYTHONPATH}" "$py" - <<'EOF'
 import ctypes, glob, json, os, subprocess, sys
-from gpufleet import cuda as gcuda
+from gpufleet import cuda_versions
 
 # One process per libcudart: the runtime's version, the driver version it sees, the
 # device count and a 1 MiB allocation, each with its cudaError_t (0 = success).
@@ -103,7 +103,7 @@ pynvml.nvmlInit()
 driver = pynvml.nvmlSystemGetDriverVersion()
 driver = driver.decode() if isinstance(driver, bytes) else driver
 found = "%d.%d" % (v.value // 1000, (v.value % 1000) // 10)
-derived = gcuda.driver_cuda_version(driver)
+derived = cuda_versions.driver_cuda_version(driver)
 result = {"driver_version": driver, "cuDriverGetVersion": v.value, "libcuda_cuda": found,
           "gpufleet_driver_cuda_version": str(derived), "nvml_cuda_driver_version":
           pynvml.nvmlSystemGetCudaDriverVersion(), "runtimes": runtimes}

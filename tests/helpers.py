@@ -198,14 +198,16 @@ TP_REFUSALS = (
 def _layout_groups(t, layout, desc):
     """(layers, block size, bytes per block) of each KV cache group of a tuner layout;
     a layout of one page size lists only its groups' kinds, so the layers of each kind
-    (desc["layer_kinds"]) are split as vLLM splits them (tune._group_split)."""
+    (desc["layer_kinds"]) are split as vLLM splits them (kv_memory._group_split)."""
+    from gpufleet import kv_memory
+
     if "kv_cache_groups" in layout:
         return [(g["layers"], g["block_size"], g["page_bytes"])
                 for g in layout["kv_cache_groups"]]
     kinds = desc["layer_kinds"]
     return [(layers, layout["block_size"], layers * layout["page_bytes"])
             for kind in dict.fromkeys(kinds)
-            for layers in t._group_split(kinds.count(kind), layout["group_size"])]
+            for layers in kv_memory._group_split(kinds.count(kind), layout["group_size"])]
 
 
 def kv_plan_vs_vllm(recorded, refusals=()):
@@ -219,6 +221,7 @@ def kv_plan_vs_vllm(recorded, refusals=()):
 
     from gpufleet import model as m
     from gpufleet import tune as t
+    from gpufleet import kv_memory
 
     root = pathlib.Path(__file__).resolve().parents[1]
     compared, refused, diffs = 0, 0, []
@@ -241,7 +244,7 @@ def kv_plan_vs_vllm(recorded, refusals=()):
                 problem = t.tp_problem(desc, case["tp"])
                 if problem:
                     raise t.TuneError(problem)
-                layout = t.kv_layout(desc, case["tp"], case["block_size"],
+                layout = kv_memory.kv_layout(desc, case["tp"], case["block_size"],
                                      case["kv_cache_dtype"],
                                      async_sched=case.get("async_scheduling",
                                                           recorded.get("async_scheduling")))
@@ -260,19 +263,19 @@ def kv_plan_vs_vllm(recorded, refusals=()):
                 diffs.append(f"{where}: vLLM refuses ({error}), the tuner does not")
                 continue
             avail, length = case["available_bytes"], case["max_model_len"]
-            num_blocks, _ = t.kv_tokens_from_bytes(layout, avail)
+            num_blocks, _ = kv_memory.kv_tokens_from_bytes(layout, avail)
             ours = {"bytes_per_block": layout["bytes_per_block"],
-                    "estimated_max_model_len": t.max_fitting_len(layout, avail, limit, mnbt),
+                    "estimated_max_model_len": kv_memory.max_fitting_len(layout, avail, limit, mnbt),
                     "groups": _layout_groups(t, layout, desc)}
             theirs = {"bytes_per_block": case["bytes_per_block"],
                       "estimated_max_model_len": case["estimated_max_model_len"],
                       "groups": [(g["layers"], g["block_size"], g["page_bytes"])
                                  for g in case["groups"]]}
             if "num_blocks" in case:
-                concurrency = t.max_concurrency(layout, num_blocks, length, mnbt)
+                concurrency = kv_memory.max_concurrency(layout, num_blocks, length, mnbt)
                 ours.update(num_blocks=num_blocks, max_concurrency=concurrency,
-                            kv_cache_size_tokens=t.kv_cache_size_tokens(concurrency, length),
-                            blocks_per_request=t._blocks_per_request(layout, length, mnbt))
+                            kv_cache_size_tokens=kv_memory.kv_cache_size_tokens(concurrency, length),
+                            blocks_per_request=kv_memory.blocks_per_request(layout, length, mnbt))
                 theirs.update({k: case[k] for k in ("num_blocks", "max_concurrency",
                                                     "kv_cache_size_tokens",
                                                     "blocks_per_request")})
@@ -282,9 +285,9 @@ def kv_plan_vs_vllm(recorded, refusals=()):
                 if "To serve at least one request" not in error or not found:
                     diffs.append(f"{where}: unexpected vLLM error {error!r}")
                     continue
-                ours["fits"] = t.max_fitting_len(layout, avail, length, mnbt) >= length
+                ours["fits"] = kv_memory.max_fitting_len(layout, avail, length, mnbt) >= length
                 theirs["fits"] = False
-                ours["estimate_in_error"] = t.max_fitting_len(layout, avail, length, mnbt)
+                ours["estimate_in_error"] = kv_memory.max_fitting_len(layout, avail, length, mnbt)
                 theirs["estimate_in_error"] = int(found.group(1))
             for name in theirs:
                 compared += 1

@@ -1,5 +1,5 @@
 """gpufleet's filters: thin wrappers of plugins/module_utils/gpufleet (upgrade.py, serve.py,
-tune.py, hub.py).
+engine_args.py, hub.py).
 
 They run on the control node and only compute (no host is contacted), so decisions
 (batches, what changes, gates, rollback variables, an instance's address) stay plain,
@@ -12,7 +12,7 @@ import os
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import (
-    p2p, prometheus_text, rollout, serve, tune, upgrade)
+    engine_args, p2p, prometheus_text, rollout, serve, upgrade)
 
 # The collection's root (the checkout, through collections/, or an installed copy): the
 # state check's roles and code are this folder's, wherever the playbook that runs it lives
@@ -262,7 +262,7 @@ class FilterModule:
             "gpufleet_bad_repo_ids": bad_repo_ids,
             "gpufleet_model_locks": model_locks,
             "gpufleet_host_models": host_models,
-            "gpufleet_models_with_secret_args": tune.models_with_secret_args,
+            "gpufleet_models_with_secret_args": engine_args.models_with_secret_args,
             "gpufleet_batches": _wrap(upgrade.plan_batches),
             "gpufleet_driver_change": _wrap(upgrade.driver_change),
             "gpufleet_capacity": _wrap(upgrade.capacity_verdict),

@@ -115,7 +115,8 @@ options:
 notes:
   - Exactly one of O(cuda_version), O(require_cuda) or O(image) is required.
   - Tables (driver per CUDA release, minor-version floors, driver branches, architecture
-    support) live in plugins/module_utils/gpufleet/cuda.py with their sources.
+    support) live in plugins/module_utils/gpufleet/cuda_versions.py with their sources;
+    the image's requirements in require_cuda.py, its compat libraries in compat_libs.py.
 extends_documentation_fragment:
   - gpufleet.fleet.gpufleet.read_only
 requirements:
@@ -257,8 +258,10 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import opt
 import io
 import tarfile
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.cuda import (
-    COMPAT_DIR, check, compat_libs_from_image, image_requirements, planned_driver)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.compat_libs import COMPAT_DIR, compat_libs_from_image
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.cuda import check
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.cuda_versions import planned_driver
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.require_cuda import image_requirements
 
 try:
     import docker

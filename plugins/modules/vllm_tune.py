@@ -303,8 +303,9 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import opt
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.model import (
     ModelError, describe_config, describe_model_dir, model_summary)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.speculative import SpeculativeError, describe_draft
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.engine_args import check_extra_args
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.tune import (
-    DEFAULT_VLLM_VERSION, NoFitError, TuneError, check_extra_args, plan)
+    DEFAULT_VLLM_VERSION, NoFitError, TuneError, plan)
 
 KV_DTYPES = ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla"]
 

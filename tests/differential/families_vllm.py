@@ -68,7 +68,7 @@ import traceback
 
 import vllm_kv_plan
 
-# The tuner's model_type (gpufleet.model KNOWN_MODEL_TYPES) -> the real config.json
+# The tuner's model_type (gpufleet.model_families KNOWN_MODEL_TYPES) -> the real config.json
 # folder under tests/fixtures/models that this script builds.
 FAMILIES = {
     "bloom": "bloomz-560m", "chatglm": "chatglm3-6b", "cohere": "c4ai-command-r-v01",

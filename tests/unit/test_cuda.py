@@ -14,6 +14,8 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import cuda, gpu, hoststack
+from gpufleet import cuda_versions
+from gpufleet import require_cuda
 from helpers import docker_answers, run_module
 
 import cuda_compat
@@ -26,7 +28,7 @@ def image_env(name):
 
 
 def require_of(name):
-    return cuda.image_requirements(image_env(name))["requirements"]
+    return require_cuda.image_requirements(image_env(name))["requirements"]
 
 
 V085 = "vllm-openai-v0.8.5.env.json"          # CUDA 12.4.0
@@ -54,16 +56,16 @@ TOOLKIT_MSG = ", please update your driver to a newer version, or use an earlier
     ("12.9.1", None, "575.51.03"),  # a full CUDA_VERSION is reduced to major.minor
 ])
 def test_min_driver_for_cuda_matches_release_notes(version, update, driver):
-    assert cuda.min_driver_for_cuda(version, update) == driver
+    assert cuda_versions.min_driver_for_cuda(version, update) == driver
 
 
 def test_min_driver_rejects_unreleased_and_unknown_updates():
     with pytest.raises(ValueError, match="no 12.7 toolkit"):
-        cuda.min_driver_for_cuda("12.7")
+        cuda_versions.min_driver_for_cuda("12.7")
     with pytest.raises(ValueError, match="CUDA 12.8 has no update 5"):
-        cuda.min_driver_for_cuda("12.8", 5)
+        cuda_versions.min_driver_for_cuda("12.8", 5)
     with pytest.raises(ValueError, match="malformed"):
-        cuda.min_driver_for_cuda("twelve")
+        cuda_versions.min_driver_for_cuda("twelve")
 
 
 @pytest.mark.parametrize("driver,expected,source", [
@@ -82,7 +84,7 @@ def test_min_driver_rejects_unreleased_and_unknown_updates():
     ("580.119.02", "13.0", "R580 = CUDA 13.0 (release notes Table 3)"),
 ])
 def test_driver_cuda_version_matches_nvidia_smi(driver, expected, source):
-    assert cuda.driver_cuda_version(driver) == expected, source
+    assert cuda_versions.driver_cuda_version(driver) == expected, source
 
 
 # Every branch NVIDIA published a toolkit for, from Table 3's oldest rows (CUDA 7.0,
@@ -107,7 +109,7 @@ def test_every_published_driver_gets_a_verdict(driver, expected):
             assert "older than the oldest branch" in result["reasons"][0]
             assert "nvidia_driver_branch: 580" in result["suggestions"][0]
         else:  # natively compatible exactly when the driver's CUDA covers the image's
-            native = cuda.parse_cuda_version(expected) >= cuda.parse_cuda_version(image_cuda)
+            native = cuda_versions.parse_cuda_version(expected) >= cuda_versions.parse_cuda_version(image_cuda)
             assert result["compatible"] is native and result["mode"] in ("native", "incompatible")
             assert result["suggestions"] or native
 
@@ -173,11 +175,11 @@ def test_branch_table_matches_real_nvidia_smi_captures(path):
     """nvidia-smi prints the driver's CUDA next to its version (tests/fixtures/nvidia-smi,
     SOURCES.md there): the branch table must give the same CUDA for every capture."""
     facts, _ = _capture(path)
-    if cuda.parse_driver_version(facts["driver_version"])[0] < min(cuda.DRIVER_BRANCHES):
+    if cuda_versions.parse_driver_version(facts["driver_version"])[0] < min(cuda_versions.DRIVER_BRANCHES):
         with pytest.raises(ValueError, match="older than every branch"):
-            cuda.driver_cuda_version(facts["driver_version"])
+            cuda_versions.driver_cuda_version(facts["driver_version"])
     else:
-        assert cuda.driver_cuda_version(facts["driver_version"]) == facts["cuda_driver_version"]
+        assert cuda_versions.driver_cuda_version(facts["driver_version"]) == facts["cuda_driver_version"]
 
 
 @pytest.mark.parametrize("product_brand,expected", [
@@ -206,7 +208,7 @@ def test_toolkit_brand(product_brand, expected):
 ])
 def test_verdicts_from_real_captures(capture, image, mode, gate):
     facts, product_brand = _capture(FIXTURES / "nvidia-smi" / capture)
-    info = cuda.image_requirements(image_env(image))
+    info = require_cuda.image_requirements(image_env(image))
     result = cuda.check(facts["driver_version"],
                         [d["compute_capability"] for d in facts["devices"]],
                         cuda_version=info["cuda_version"], require_cuda=info["requirements"],
@@ -218,42 +220,42 @@ def test_verdicts_from_real_captures(capture, image, mode, gate):
 
 def test_every_toolkit_ga_driver_reports_its_own_cuda():
     """The branch table and Table 3 agree: the GA driver of CUDA X.Y reports >= X.Y."""
-    for (version, update), driver in cuda.TOOLKIT_MIN_DRIVER.items():
-        got = cuda.parse_cuda_version(cuda.driver_cuda_version(driver))
-        assert got >= cuda.parse_cuda_version(version), (version, update, driver)
-        branch = cuda.branch_of(driver)
-        assert cuda.parse_driver_version(cuda.planned_driver_for_branch(branch)) <= \
-            cuda.parse_driver_version(driver)
+    for (version, update), driver in cuda_versions.TOOLKIT_MIN_DRIVER.items():
+        got = cuda_versions.parse_cuda_version(cuda_versions.driver_cuda_version(driver))
+        assert got >= cuda_versions.parse_cuda_version(version), (version, update, driver)
+        branch = cuda_versions.branch_of(driver)
+        assert cuda_versions.parse_driver_version(cuda_versions.planned_driver_for_branch(branch)) <= \
+            cuda_versions.parse_driver_version(driver)
 
 
 def test_unknown_newer_branch_is_a_lower_bound():
-    assert cuda.driver_cuda_version("620.10.01") == cuda.DRIVER_BRANCHES[610]["cuda"]
+    assert cuda_versions.driver_cuda_version("620.10.01") == cuda_versions.DRIVER_BRANCHES[610]["cuda"]
     result = cuda.check("620.10.01", cuda_version="13.0")
     assert result["mode"] == "native"
     assert "not in the branch table" in result["reasons"][-1]
 
 
 def test_branch_helpers():
-    assert cuda.branch_of("535.129.03") == 535
-    assert cuda.planned_driver_for_branch(580) == "580.65.06"
-    assert cuda.planned_driver_for_branch("535") == "535.54.03"
+    assert cuda_versions.branch_of("535.129.03") == 535
+    assert cuda_versions.planned_driver_for_branch(580) == "580.65.06"
+    assert cuda_versions.planned_driver_for_branch("535") == "535.54.03"
     with pytest.raises(ValueError, match="driver branch 999 is not known"):
-        cuda.planned_driver_for_branch(999)
+        cuda_versions.planned_driver_for_branch(999)
     # NVIDIA deprecation schedule: R580 is the last branch for Maxwell/Pascal/Volta;
     # R470 was the last for Kepler.
-    assert cuda.branch_supports_architecture(580, "6.1")
-    assert not cuda.branch_supports_architecture(590, "6.1")
-    assert not cuda.branch_supports_architecture(595, "7.0")
-    assert not cuda.branch_supports_architecture(590, "5.2")
-    assert cuda.branch_supports_architecture(610, "7.5")
-    assert cuda.branch_supports_architecture(470, "3.7")
-    assert not cuda.branch_supports_architecture(535, "3.7")
+    assert cuda_versions.branch_supports_architecture(580, "6.1")
+    assert not cuda_versions.branch_supports_architecture(590, "6.1")
+    assert not cuda_versions.branch_supports_architecture(595, "7.0")
+    assert not cuda_versions.branch_supports_architecture(590, "5.2")
+    assert cuda_versions.branch_supports_architecture(610, "7.5")
+    assert cuda_versions.branch_supports_architecture(470, "3.7")
+    assert not cuda_versions.branch_supports_architecture(535, "3.7")
 
 
 def test_branch_table_names_the_last_branch_per_architecture():
-    assert cuda.DRIVER_BRANCHES[580]["last_for_architectures"] == ["maxwell", "pascal", "volta"]
-    assert cuda.DRIVER_BRANCHES[470]["last_for_architectures"] == ["kepler"]
-    assert cuda.DRIVER_BRANCHES[535]["lifecycle"] == "LTSB"
+    assert cuda_versions.DRIVER_BRANCHES[580]["last_for_architectures"] == ["maxwell", "pascal", "volta"]
+    assert cuda_versions.DRIVER_BRANCHES[470]["last_for_architectures"] == ["kepler"]
+    assert cuda_versions.DRIVER_BRANCHES[535]["lifecycle"] == "LTSB"
 
 
 @pytest.mark.parametrize("cc,name", [
@@ -262,7 +264,7 @@ def test_branch_table_names_the_last_branch_per_architecture():
     ("10.0", "blackwell"), ("12.0", "blackwell"), ("3.7", "kepler"),
 ])
 def test_architecture_names(cc, name):
-    assert cuda._architecture(cc) == name
+    assert cuda_versions.architecture_name(cc) == name
 
 
 @pytest.mark.parametrize("version,cc,ok", [
@@ -276,7 +278,7 @@ def test_architecture_names(cc, name):
     ("13.0", "10.1", False), ("13.0", "11.0", True), ("12.0", "3.5", False),
 ])
 def test_toolkit_architecture_ranges(version, cc, ok):
-    assert cuda.toolkit_supports_architecture(version, cc) is ok
+    assert cuda_versions.toolkit_supports_architecture(version, cc) is ok
 
 
 # --------------------------------------------------------------------------------------
@@ -290,38 +292,38 @@ def test_toolkit_architecture_ranges(version, cc, ok):
     ("13.0", "!=", "13", 0), ("12.2", "<=", "12.2", 1), ("12.a", "=", "12", -1),
 ])
 def test_dsl_compare_version(v1, op, v2, expected):
-    assert cuda._dsl_compare_version(v1, op, v2) == expected
+    assert require_cuda.dsl_compare_version(v1, op, v2) == expected
 
 
 def test_alternatives_are_space_separated_and_conditions_comma_separated():
     value = "cuda>=12.8 brand=tesla,driver>=535,driver<536"
     # Tesla on 535: second alternative (AND of three) holds.
-    assert cuda.evaluate_require_cuda(value, "535.129.03", brand="tesla") == (True, None)
+    assert require_cuda.evaluate_require_cuda(value, "535.129.03", brand="tesla") == (True, None)
     # GeForce on 535: no alternative holds; the message names the FIRST term.
-    ok, text = cuda.evaluate_require_cuda(value, "535.129.03", brand="geforce")
+    ok, text = require_cuda.evaluate_require_cuda(value, "535.129.03", brand="geforce")
     assert not ok and text == "unsatisfied condition: cuda>=12.8" + TOOLKIT_MSG
     # Tesla on 550: brand holds but driver<536 does not (AND).
-    assert not cuda.evaluate_require_cuda(value, "550.54.15", brand="Tesla")[0]
+    assert not require_cuda.evaluate_require_cuda(value, "550.54.15", brand="Tesla")[0]
     # Brand comparison is case-insensitive (str_case_equal): libnvidia-container reports "Tesla".
-    assert cuda.evaluate_require_cuda(value, "535.54.03", brand="TESLA")[0]
+    assert require_cuda.evaluate_require_cuda(value, "535.54.03", brand="TESLA")[0]
 
 
 def test_no_visible_device_lets_brand_and_arch_conditions_pass():
     # configure.c check_device_brand/check_device_arch: data->dev == NULL -> true.
-    assert cuda.evaluate_require_cuda("cuda>=13.0 brand=tesla,driver>=535,driver<536",
+    assert require_cuda.evaluate_require_cuda("cuda>=13.0 brand=tesla,driver>=535,driver<536",
                                       "535.129.03", brand=None)[0]
-    assert cuda.evaluate_require_cuda("arch>=7.5", "580.65.06", arch=None)[0]
-    assert not cuda.evaluate_require_cuda("arch>=7.5", "580.65.06", arch="7.0")[0]
+    assert require_cuda.evaluate_require_cuda("arch>=7.5", "580.65.06", arch=None)[0]
+    assert not require_cuda.evaluate_require_cuda("arch>=7.5", "580.65.06", arch="7.0")[0]
 
 
 def test_non_cuda_first_term_message_has_no_driver_hint():
-    ok, text = cuda.evaluate_require_cuda("brand=tesla", "580.65.06", brand="geforce")
+    ok, text = require_cuda.evaluate_require_cuda("brand=tesla", "580.65.06", brand="geforce")
     assert not ok and text == "unsatisfied condition: brand=tesla"
 
 
 def test_empty_requirement_always_holds():
-    assert cuda.parse_require_cuda("") == []
-    assert cuda.evaluate_require_cuda("  ", "535.129.03") == (True, None)
+    assert require_cuda.parse_require_cuda("") == []
+    assert require_cuda.evaluate_require_cuda("  ", "535.129.03") == (True, None)
 
 
 @pytest.mark.parametrize("value,fragment", [
@@ -334,7 +336,7 @@ def test_empty_requirement_always_holds():
 ])
 def test_malformed_require_cuda_is_rejected_clearly(value, fragment):
     with pytest.raises(ValueError) as exc:
-        cuda.parse_require_cuda(value)
+        require_cuda.parse_require_cuda(value)
     assert fragment in str(exc.value)
     assert "invalid expression" in str(exc.value)
     assert type(exc.value).__name__ != "UnknownProperty" and "malformed" in str(exc.value)
@@ -345,14 +347,14 @@ def test_a_condition_on_an_unknown_property_is_not_called_malformed():
     # unknown property gives no error (factory_test.go TestParse 'invalid property is
     # invalid' expects nil); libnvidia-container src/cli/dsl.c evaluate_rule() fails on it
     # when it reads it.  parse_require_cuda says both, and not "malformed".
-    with pytest.raises(cuda.UnknownProperty) as exc:
-        cuda.parse_require_cuda("foo>=1")
+    with pytest.raises(require_cuda.UnknownProperty) as exc:
+        require_cuda.parse_require_cuda("foo>=1")
     assert exc.value.name == "foo" and exc.value.term == "foo>=1"
     assert "malformed" not in str(exc.value) and "invalid expression" in str(exc.value)
-    assert cuda.unknown_property_terms(["cuda>=12.4 foo=bar,arch>=8.0", "Req0=true"]) == \
+    assert require_cuda.unknown_property_terms(["cuda>=12.4 foo=bar,arch>=8.0", "Req0=true"]) == \
         [("foo=bar", "foo"), ("Req0=true", "Req0")]
     # Names compare case-insensitively in dsl.c (str_case_equal): CUDA is known.
-    assert cuda.unknown_property_terms("CUDA>=12.4 >=1 cuda12") == []
+    assert require_cuda.unknown_property_terms("CUDA>=12.4 >=1 cuda12") == []
 
 
 # nvidia-container-toolkit internal/config/image/cuda_image_test.go TestGetRequirements
@@ -369,30 +371,30 @@ def test_a_condition_on_an_unknown_property_is_not_called_malformed():
     (["CUDA_VERSION=11.6", "NVIDIA_REQUIRE_BRAND=brand=tesla", "NVIDIA_DISABLE_REQUIRE=true"], []),
 ])
 def test_image_requirements_follow_the_toolkit(env, expected):
-    assert sorted(cuda.image_requirements(env)["requirements"]) == sorted(expected)
+    assert sorted(require_cuda.image_requirements(env)["requirements"]) == sorted(expected)
 
 
 def test_ignored_requirements_are_named_with_the_reason():
     """NVIDIA_REQUIRE_JETPACK* is left out of the check, as the hook does (toolkit 1.10.0
     changelog: "Ignore NVIDIA_REQUIRE_JETPACK* environment variables for requirement
     checks"), and said so; the others are not in that list."""
-    info = cuda.image_requirements(["NVIDIA_REQUIRE_CUDA=cuda>=12.4",
+    info = require_cuda.image_requirements(["NVIDIA_REQUIRE_CUDA=cuda>=12.4",
                                     "NVIDIA_REQUIRE_JETPACK_HOST_MOUNTS=base-only"])
     assert info["requirements"] == ["cuda>=12.4"]
     assert len(info["ignored"]) == 1 and info["ignored"][0].startswith(
         "NVIDIA_REQUIRE_JETPACK_HOST_MOUNTS='base-only': nvidia-container-runtime-hook leaves")
-    assert cuda.image_requirements(["NVIDIA_REQUIRE_CUDA=cuda>=12.4"])["ignored"] == []
+    assert require_cuda.image_requirements(["NVIDIA_REQUIRE_CUDA=cuda>=12.4"])["ignored"] == []
 
 
 def test_image_requirements_of_real_vllm_images():
-    info = cuda.image_requirements(image_env(V023))
+    info = require_cuda.image_requirements(image_env(V023))
     assert info["cuda_version"] == "13.0" and not info["disabled"]
     assert info["arch_list"] == ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0+PTX"]
     assert info["requirements"][0].startswith("cuda>=13.0 brand=unknown,driver>=535")
-    assert cuda.image_requirements(image_env(V085))["arch_list"] is None
+    assert require_cuda.image_requirements(image_env(V085))["arch_list"] is None
     # NVIDIA_DISABLE_REQUIRE follows Go strconv.ParseBool: "1" is true, "yes" is not.
-    assert cuda.image_requirements(["CUDA_VERSION=12.4.1", "NVIDIA_DISABLE_REQUIRE=1"])["disabled"]
-    assert not cuda.image_requirements(["CUDA_VERSION=12.4.1", "NVIDIA_DISABLE_REQUIRE=yes"])["disabled"]
+    assert require_cuda.image_requirements(["CUDA_VERSION=12.4.1", "NVIDIA_DISABLE_REQUIRE=1"])["disabled"]
+    assert not require_cuda.image_requirements(["CUDA_VERSION=12.4.1", "NVIDIA_DISABLE_REQUIRE=yes"])["disabled"]
 
 
 @pytest.mark.parametrize("arch_list,cc,ok", [
@@ -406,7 +408,7 @@ def test_image_requirements_of_real_vllm_images():
     ("7.0;7.5;8.0", "7.2", True),
 ])
 def test_arch_list_covers(arch_list, cc, ok):
-    assert cuda.arch_list_covers(cuda.parse_arch_list(arch_list), cc) is ok
+    assert require_cuda.arch_list_covers(require_cuda.parse_arch_list(arch_list), cc) is ok
 
 
 # --------------------------------------------------------------------------------------
@@ -531,7 +533,7 @@ CASES = [
 def _run_case(case):
     require, version, arch_list = case.get("require"), case.get("cuda_version"), None
     if "image" in case or "env" in case:
-        info = cuda.image_requirements(case.get("env") or image_env(case["image"]))
+        info = require_cuda.image_requirements(case.get("env") or image_env(case["image"]))
         require, version, arch_list = info["requirements"], info["cuda_version"], info["arch_list"]
     return cuda.check(case["driver"], compute_capabilities=case.get("ccs", []),
                       cuda_version=version, require_cuda=require, image_arch_list=arch_list,
@@ -548,7 +550,7 @@ def test_verdict(case):
     result = _run_case(case)
     assert result["mode"] == case["mode"], result["reasons"]
     assert result["compatible"] is (case["mode"] != "incompatible")
-    assert result["driver_cuda"] == cuda.driver_cuda_version(case["driver"])
+    assert result["driver_cuda"] == cuda_versions.driver_cuda_version(case["driver"])
     if "gate" in case:
         assert result["require_cuda_satisfied"] is case["gate"]
     if "unsatisfied" in case:
@@ -824,12 +826,12 @@ def test_module_reads_a_real_local_image(tmp_path, monkeypatch):
     ("535.129.03", "535", "535.129.03"),
 ])
 def test_planned_driver(installed, branch, expected):
-    assert cuda.planned_driver(installed, branch) == expected
+    assert cuda_versions.planned_driver(installed, branch) == expected
 
 
 def test_planned_driver_rejects_unknown_branch():
     with pytest.raises(ValueError, match="branch 123 is not known"):
-        cuda.planned_driver(None, "123")
+        cuda_versions.planned_driver(None, "123")
 
 
 def test_main_driver_branch_plans_the_upgrade(monkeypatch, fake_docker):

@@ -18,6 +18,7 @@ from gpufleet import cuda
 from gpufleet import deepseek_v4 as v4
 from gpufleet import model as m
 from gpufleet import tune as t
+from gpufleet import kv_memory
 from helpers import DEEPSEEK_V4_REFUSALS, kv_plan_vs_vllm, run_module
 
 MODELS = FIXTURES / "models"
@@ -62,7 +63,7 @@ def test_the_comparison_can_fail(monkeypatch):
     _, _, diffs = kv_plan_vs_vllm(recorded, DEEPSEEK_V4_REFUSALS)
     assert any("bytes_per_block" in d for d in diffs)
     monkeypatch.undo()
-    monkeypatch.setattr(t, "ASYNC_CONCURRENT_BATCHES", 1)  # async scheduling forgotten
+    monkeypatch.setattr(kv_memory, "ASYNC_CONCURRENT_BATCHES", 1)  # async scheduling forgotten
     _, _, diffs = kv_plan_vs_vllm(recorded, DEEPSEEK_V4_REFUSALS)
     assert any("blocks_per_request" in d for d in diffs)
 
@@ -82,7 +83,7 @@ def test_described_from_its_config(name, layers, c4, c128, window_only):
 
 def test_pro_layout_by_hand():
     """The Pro's caches at block 256, fp8_ds_mla (page sizes padded to 576 bytes)."""
-    layout = t.kv_layout(describe("deepseek-v4-pro"), 8, 256, "fp8")
+    layout = kv_memory.kv_layout(describe("deepseek-v4-pro"), 8, 256, "fp8")
     assert layout["kv_cache_dtype"] == "fp8_ds_mla"
     # c4a: 64 entries x 584 = 37,376 -> 37,440; c128a: 2 x 584 -> 1,728;
     # indexer: 64 x 132 -> 8,640; one 64-token window page 37,440.
@@ -95,9 +96,9 @@ def test_pro_layout_by_hand():
         (31, 64, 128), (30, 64, 128), (91, 256, None), (31, 8, 128), (60, 4, 8)]
     # Per request, whatever its length: 2 x (cdiv(127 + 16,384, 64) + 1) window blocks,
     # cdiv(127 + 16,384, 8) + 1 and cdiv(7 + 16,384, 4) + 1 compressor-state blocks.
-    assert t.in_flight_tokens(layout, 8192) == 16384  # async scheduling on a GPU
-    assert t.fixed_blocks_per_request(layout, 16384) == 2 * 259 + 2065 + 4099 == 6682
-    assert t._blocks_per_request(layout, 1048576, 8192) == 6682 + 4096
+    assert kv_memory.in_flight_tokens(layout, 8192) == 16384  # async scheduling on a GPU
+    assert kv_memory.fixed_blocks_per_request(layout, 16384) == 2 * 259 + 2065 + 4099 == 6682
+    assert kv_memory.blocks_per_request(layout, 1048576, 8192) == 6682 + 4096
 
 
 @pytest.mark.parametrize("field,value,needle", [

@@ -208,7 +208,7 @@ def test_a_flag_that_changes_memory_is_refused_with_why(flag):
     """Control: with main's engine_args.py (1aa549b) every one of these passed through."""
     assert flag in FLAGS
     with pytest.raises(tune.TuneError) as err:
-        tune.check_extra_args([flag])
+        engine_args.check_extra_args([flag])
     assert flag in str(err.value) and MOVED[flag] in str(err.value), err.value
     assert "Remove it" in str(err.value)
 
@@ -218,4 +218,4 @@ def test_the_off_form_of_a_moved_boolean_passes():
     for flag in ("--no-enable-dbo", "--no-enable-prompt-embeds", "--no-use-replayssm",
                  "--no-disable-custom-all-reduce", "--no-enable-cumem-allocator"):
         assert flag in FLAGS and engine_args.classify(flag) == "passed through", flag
-        assert tune.check_extra_args([flag]) == [flag]
+        assert engine_args.check_extra_args([flag]) == [flag]

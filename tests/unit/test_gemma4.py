@@ -25,6 +25,8 @@ import pytest
 from conftest import FIXTURES
 from gpufleet import model as m
 from gpufleet import tune as t
+from gpufleet import kv_memory
+from gpufleet import kv_log
 from helpers import kv_plan_vs_vllm
 from test_tune_lab_hybrid import (TINY_GEMMA4_CASES, TINY_GEMMA4_CONFIG,
                                   TINY_GEMMA4_WEIGHTS_BYTES)
@@ -114,8 +116,8 @@ def test_the_comparison_can_fail(monkeypatch):
     does only when the pages do not divide), and the full layers' own KV heads
     forgotten; each must show against the recorded vLLM numbers."""
     recorded = json.loads(RECORDED.read_text())
-    monkeypatch.setattr(t, "_unified_page_layout",
-                        _pad_instead_of_scale(t._unified_page_layout))
+    monkeypatch.setattr(kv_memory, "_unified_page_layout",
+                        _pad_instead_of_scale(kv_memory._unified_page_layout))
     _, _, diffs = kv_plan_vs_vllm(recorded)
     assert any("blocks_per_request" in d for d in diffs)
     assert any("estimated_max_model_len" in d for d in diffs)
@@ -225,13 +227,13 @@ def test_defaults_of_the_config_class():
 def test_tiny_gemma4_control_padding_fails_the_log(monkeypatch):
     """The full page padded to 65,536 B at 128 tokens: 5 x 21 + 32 = 137 blocks per
     request at L 4096, 30,615 tokens / 7.47x, not vLLM's 34,663 / 8.46x."""
-    monkeypatch.setattr(t, "_unified_page_layout",
-                        _pad_instead_of_scale(t._unified_page_layout))
+    monkeypatch.setattr(kv_memory, "_unified_page_layout",
+                        _pad_instead_of_scale(kv_memory._unified_page_layout))
     max_model_len, kv_bytes, _, logged = TINY_GEMMA4_CASES[0]
     desc = m.describe_config(TINY_GEMMA4_CONFIG, TINY_GEMMA4_WEIGHTS_BYTES)
     p = t.plan(desc, [], kv_cache_memory_bytes=kv_bytes, max_model_len=max_model_len,
                dtype="bfloat16")["prediction"]
-    log = t.parse_kv_cache_log(logged)
+    log = kv_log.parse_kv_cache_log(logged)
     assert p["blocks_per_request"] == 137
     assert (p["kv_cache_tokens"], p["max_concurrency"]) == (30615, 7.47)
     assert abs(p["kv_cache_tokens"] - log["kv_cache_tokens"]) > 128
@@ -260,7 +262,7 @@ def test_per_layer_config_read_as_vllm_reads_it():
     max_model_len, kv_bytes, _, logged = TINY_GEMMA4_CASES[0]
     p = t.plan(desc, [], kv_cache_memory_bytes=kv_bytes, max_model_len=max_model_len,
                dtype="bfloat16")["prediction"]
-    log = t.parse_kv_cache_log(logged)
+    log = kv_log.parse_kv_cache_log(logged)
     assert (p["kv_cache_tokens"], p["max_concurrency"]) == \
         (log["kv_cache_tokens"], log["max_concurrency"]) == (34663, 8.46)
     # control: per_layer_config ignored, the class defaults give the old 5,577

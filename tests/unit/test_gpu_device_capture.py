@@ -12,6 +12,7 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import cuda as gcuda
+from gpufleet import cuda_versions
 from gpufleet import gpu
 from gpufleet import tune
 
@@ -45,7 +46,7 @@ def test_nvml_and_nvidia_smi_agree_on_every_device_fact():
 def test_the_driver_cuda_version_is_what_libcuda_says():
     record = RECORD["cuda"]
     assert record["cuDriverGetVersion"] == record["nvml_cuda_driver_version"] == 13000
-    assert gcuda.driver_cuda_version(record["driver_version"]) == record["libcuda_cuda"]
+    assert cuda_versions.driver_cuda_version(record["driver_version"]) == record["libcuda_cuda"]
     assert module_facts("nvml")["cuda_driver_version"] == record["libcuda_cuda"]
 
 

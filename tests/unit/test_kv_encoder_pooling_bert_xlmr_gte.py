@@ -22,7 +22,9 @@ import pytest
 
 from test_model_families import MODELS, check_encoder_only, load
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 from helpers import pinning_lock
 
 GiB = 1024 ** 3
@@ -31,7 +33,7 @@ GiB = 1024 ** 3
 def no_kv_cache(desc):
     """The encoder-only layout: no KV bytes, no cache groups, at 16 bits and at fp8."""
     for kv_dtype in ("auto", "fp8"):
-        layout = t.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
+        layout = kv_memory.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
         assert layout["per_token_layer_bytes"] == 0 and layout["groups"] == []
 
 
@@ -68,10 +70,11 @@ def test_ms_marco_minilm_bert_cross_encoder_has_no_kv_cache(tmp_path, monkeypatc
     # control: read as a decoder (bert outside ENCODER_ONLY_MODEL_TYPES), the same config
     # would need 2 x 12 x 32 x 2 = 1,536 bytes per token per layer, which vLLM does not
     # allocate
-    monkeypatch.setattr(m, "ENCODER_ONLY_MODEL_TYPES", m.ENCODER_ONLY_MODEL_TYPES - {"bert"})
+    monkeypatch.setattr(model_families, "ENCODER_ONLY_MODEL_TYPES",
+                        model_families.ENCODER_ONLY_MODEL_TYPES - {"bert"})
     decoder = m.describe_config(cfg, weights_bytes=1)
     assert decoder["attention"] == "mha"
-    assert t.kv_layout(decoder, tp=1, block_size=16)["per_token_layer_bytes"] == 1536
+    assert kv_memory.kv_layout(decoder, tp=1, block_size=16)["per_token_layer_bytes"] == 1536
 
 
 def test_bge_reranker_base_xlm_roberta_classifier_takes_the_tokenizer_cap(tmp_path):

@@ -19,7 +19,9 @@ import pytest
 
 from test_model_families import check_kv_bytes, kinds, load
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 
 
 def check_full_decoder(cfg, architecture, model_type, shape, attention, dtype, context):
@@ -56,12 +58,12 @@ def test_falcon_7b_instruct_is_multi_query_one_kv_head():
                               "bfloat16", 2048)
     # one KV head is replicated, not split, across tensor-parallel ranks
     # (falcon.py:122-130: tp_size % total_num_kv_heads == 0, num_kv_heads = max(1, ...))
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 64 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 64 * 2
     # falcon.py:173-180 builds Attention without cache_config, so its KV cache dtype is
     # "auto" (attention.py:276-279): --kv-cache-dtype fp8 leaves 2-byte pages, as
     # vLLM's own specs show (tests/fixtures/vllm-kv/families.json)
     assert desc["kv_cache_dtype_ignored"] is True
-    assert t.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype="fp8")[
+    assert kv_memory.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype="fp8")[
         "per_token_layer_bytes"] == 2 * 64 * 2
     # control: without multi_query falcon.py:121 keeps one KV head per head (71)
     desc = m.describe_config(dict(cfg, multi_query=False), weights_bytes=1)
@@ -82,7 +84,7 @@ def test_redpajama_incite_7b_gpt_neox_is_mha_on_the_transformers_backend():
     desc = check_full_decoder(load("redpajama-incite-7b-base"), "GPTNeoXForCausalLM",
                               "gpt_neox", (32, 32, 128), "mha", "float16", 2048)
     # 32 KV heads split across TP 4: 8 per GPU
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 128 * 2
 
 
 def test_olmo_2_1124_7b_instruct_is_mha_on_the_transformers_backend():
@@ -129,12 +131,12 @@ def test_deepseek_v2_lite_is_mla_one_latent_per_token_not_sharded():
     # (512 + 64) x 2 = 1,152 bytes per token per layer at every TP (max_tp_shards=1),
     # not 2 x 16 KV heads x 128 x 2 = 8,192 as ordinary attention would be priced
     for tp in (1, 2, 8):
-        layout = t.kv_layout(desc, tp=tp, block_size=64)
+        layout = kv_memory.kv_layout(desc, tp=tp, block_size=64)
         assert layout["per_token_layer_bytes"] == (512 + 64) * 2
         assert layout["page_bytes"] == 64 * (512 + 64) * 2
         assert layout["per_token_layer_bytes"] * layout["num_layers"] == 27 * 576 * 2
     # fp8: one byte per element (the packed fp8_ds_mla layout, 656, is not "fp8")
-    assert t.kv_layout(desc, 1, 64, kv_cache_dtype="fp8")["per_token_layer_bytes"] == 576
+    assert kv_memory.kv_layout(desc, 1, 64, kv_cache_dtype="fp8")["per_token_layer_bytes"] == 576
     # control: without kv_lora_rank is_deepseek_mla (convertor :347) is false
     plain = {k: v for k, v in cfg.items() if k != "kv_lora_rank"}
     assert m.describe_config(plain, weights_bytes=1)["attention"] != "mla"
@@ -155,7 +157,7 @@ def test_granite_3_0_8b_instruct_is_gqa_full_attention():
     desc = check_full_decoder(cfg, "GraniteForCausalLM", "granite", (40, 8, 128), "gqa",
                               "bfloat16", 4096)
     # 8 KV heads split across TP 8: one per GPU
-    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
 
 
 def test_tiny_aya_global_cohere2_slides_one_token_wider_than_its_config():
@@ -180,12 +182,12 @@ def test_tiny_aya_global_cohere2_slides_one_token_wider_than_its_config():
     # vLLM's hybrid manager: 27 sliding and 9 full layers, groups of 9 layers: three
     # sliding groups and one full group; a sliding group holds window - 1 + in-flight
     # tokens of a request (SlidingWindowSpec.max_memory_usage_bytes, + 1 block).
-    layout = t.kv_layout(desc, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(desc, tp=1, block_size=16)
     assert sorted(layout["groups"]) == ["full", "sliding", "sliding", "sliding"]
     assert layout["group_size"] == 9 and layout["sliding_window"] == 4097
-    in_flight = t.in_flight_tokens(layout, 2048)
+    in_flight = kv_memory.in_flight_tokens(layout, 2048)
     length = 32768
-    assert t._blocks_per_request(layout, length, 2048) == \
+    assert kv_memory.blocks_per_request(layout, length, 2048) == \
         3 * (math.ceil(min(4097 - 1 + in_flight, length) / 16) + 1) + math.ceil(length / 16)
     # Cohere2Config's rule when a file has no layer_types (configuration_cohere2.py:96-100:
     # every sliding_window_pattern-th layer full) gives the same layers
@@ -197,7 +199,7 @@ def test_tiny_aya_global_cohere2_slides_one_token_wider_than_its_config():
 
 def test_cohere2_window_without_vllms_extra_token(monkeypatch):
     # control: without WINDOW_OFFSET the tuner would take the config's 4096
-    monkeypatch.setattr(m, "WINDOW_OFFSET", {})
+    monkeypatch.setattr(model_families, "WINDOW_OFFSET", {})
     assert m.describe_config(load("tiny-aya-global"), weights_bytes=1)["sliding_window"] == 4096
 
 
@@ -223,6 +225,7 @@ def test_cohere2_window_without_vllms_extra_token(monkeypatch):
 ])
 def test_families_outside_the_table_are_refused(monkeypatch, name, model_type):
     # control: without the table entry the config is refused, as before these were read
-    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {model_type})
+    monkeypatch.setattr(model_families, "KNOWN_MODEL_TYPES",
+                        model_families.KNOWN_MODEL_TYPES - {model_type})
     with pytest.raises(m.ModelError, match="not in gpufleet's table"):
         m.describe_config(load(name), weights_bytes=1)

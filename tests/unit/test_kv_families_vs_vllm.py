@@ -18,7 +18,9 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 from helpers import TP_REFUSALS, kv_plan_vs_vllm
 
 RECORDED = json.loads((FIXTURES / "vllm-kv" / "families.json").read_text())
@@ -30,11 +32,11 @@ def _one(key):
 
 
 def test_every_described_family_is_run_or_excluded_with_a_reason():
-    """The families of the tuner's table (model.KNOWN_MODEL_TYPES, less the
+    """The families of the tuner's table (model_families.KNOWN_MODEL_TYPES, less the
     encoder-only pooling ones, which keep no KV cache) are each in the fixture or in
     its `excluded` list with the reason."""
     assert RECORDED["vllm_version"] == "0.32.0"
-    generative = m.KNOWN_MODEL_TYPES - m.ENCODER_ONLY_MODEL_TYPES
+    generative = model_families.KNOWN_MODEL_TYPES - model_families.ENCODER_ONLY_MODEL_TYPES
     assert set(MODELS) | set(RECORDED["excluded"]) == generative
     assert not set(MODELS) & set(RECORDED["excluded"])
     assert all(reason for reason in RECORDED["excluded"].values())
@@ -104,15 +106,15 @@ def test_control_an_ignored_max_num_batched_tokens_fails_the_sliding_families():
     the sliding-window families at 2048 (a sliding layer keeps window - 1 plus the
     in-flight tokens, 2 x max_num_batched_tokens with async scheduling)."""
     baseline = {key for key in MODELS if kv_plan_vs_vllm(_one(key), TP_REFUSALS)[2]}
-    original = t.max_concurrency
+    original = kv_memory.max_concurrency
 
     def always_8192(layout, num_blocks, length, mnbt=None, *args, **kwargs):
         return original(layout, num_blocks, length, 8192, *args, **kwargs)
-    t.max_concurrency = always_8192
+    kv_memory.max_concurrency = always_8192
     try:
         failed = {key for key in MODELS if kv_plan_vs_vllm(_one(key), TP_REFUSALS)[2]}
     finally:
-        t.max_concurrency = original
+        kv_memory.max_concurrency = original
     # the families with sliding layers whose window bites at these lengths (Gemma 2's
     # 4,096-token window caps both settings alike at 8,192 and 4,097)
     assert failed - baseline == {"cohere2", "exaone4", "exaone4_5_text", "gemma3_text", "gpt_oss",

@@ -26,7 +26,9 @@ import pytest
 from test_model_families import check_kv_bytes, load
 from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 
 
 def test_gemma_7b_reads_head_dim_256_not_hidden_over_heads(monkeypatch):
@@ -43,13 +45,13 @@ def test_gemma_7b_reads_head_dim_256_not_hidden_over_heads(monkeypatch):
     desc = check_full_decoder(cfg, "GemmaForCausalLM", "gemma", (28, 16, 256), "mha",
                               "bfloat16", 8192)
     # 16 KV heads split across TP 2: 8 per GPU
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 256 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 256 * 2
     # a file without head_dim still gets 256: GemmaConfig's default
     # (transformers 5.19 configuration_gemma.py:73), through CONFIG_DEFAULTS
     bare = {k: v for k, v in cfg.items() if k != "head_dim"}
     assert m.describe_config(bare, weights_bytes=1)["head_size"] == 256
     # control: without that default the generic rule would give 3072 // 16 = 192
-    monkeypatch.setattr(m, "CONFIG_DEFAULTS", {})
+    monkeypatch.setattr(model_families, "CONFIG_DEFAULTS", {})
     assert m.describe_config(bare, weights_bytes=1)["head_size"] == 192
 
 
@@ -71,7 +73,7 @@ def test_gpt2_is_mha_with_its_n_names_and_1024_positions(monkeypatch):
     assert desc["torch_dtype_from_config"] is False and desc["hidden_size"] == 768
     # 12 heads: TP 4 keeps 3 per GPU; TP 8 is refused (gpt2.py:75 asserts
     # heads % tp == 0)
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 3 * 64 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 3 * 64 * 2
     assert t.tp_problem(desc, 4) is None and "not divisible" in t.tp_problem(desc, 8)
     # a file naming max_position_embeddings sets n_positions (attribute_map): 2048 here
     renamed = {k: v for k, v in cfg.items() if k != "n_positions"}
@@ -79,7 +81,7 @@ def test_gpt2_is_mha_with_its_n_names_and_1024_positions(monkeypatch):
     assert m.describe_config(renamed, weights_bytes=1)["max_position_embeddings"] == 2048
     # control: without CONFIG_ATTRIBUTE_MAP GPT2Config's default n_positions 1024 would
     # stand beside it and the smaller would win
-    monkeypatch.setattr(m, "CONFIG_ATTRIBUTE_MAP", {})
+    monkeypatch.setattr(model_families, "CONFIG_ATTRIBUTE_MAP", {})
     assert m.describe_config(renamed, weights_bytes=1)["max_position_embeddings"] == 1024
 
 
@@ -126,12 +128,12 @@ def test_gpt_j_6b_head_size_is_hidden_over_heads_not_rotary_dim():
                               "bfloat16", 2048)
     assert desc["torch_dtype_from_config"] is False
     # control: were rotary_dim the head size, it would be 2 x 16 x 64 x 2 = 4,096
-    per_token = t.kv_layout(desc, tp=1, block_size=16)["per_token_layer_bytes"]
+    per_token = kv_memory.kv_layout(desc, tp=1, block_size=16)["per_token_layer_bytes"]
     assert per_token == 16384 != 2 * 16 * cfg["rotary_dim"] * 2
     # another rotary_dim changes nothing in the cache
     assert m.describe_config(dict(cfg, rotary_dim=32), weights_bytes=1)["head_size"] == 256
     # 16 KV heads split across TP 8: 2 per GPU
-    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 256 * 2
+    assert kv_memory.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 256 * 2
 
 
 def test_bloomz_560m_is_alibi_mha_with_n_embed_and_seq_length(monkeypatch):
@@ -150,7 +152,7 @@ def test_bloomz_560m_is_alibi_mha_with_n_embed_and_seq_length(monkeypatch):
                               "bfloat16", 2048)
     assert desc["hidden_size"] == 1024 and desc["rope_scaling"] is None
     # 16 KV heads split across TP 2: 8 per GPU (bloom.py:120-124 slices the slopes too)
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 64 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 64 * 2
     # without seq_length (bigscience/bloom names no length): vLLM's 2,048
     # (config/model.py:2561-2578), and a shorter seq_length is taken as it is
     bare = {k: v for k, v in cfg.items() if k != "seq_length"}
@@ -159,7 +161,7 @@ def test_bloomz_560m_is_alibi_mha_with_n_embed_and_seq_length(monkeypatch):
                              weights_bytes=1)["max_position_embeddings"] == 1024
     # control: without CONFIG_ATTRIBUTE_MAP, n_embed is not read and BloomConfig's
     # test-sized default hidden_size 64 gives 64 // 16 = 4 per head
-    monkeypatch.setattr(m, "CONFIG_ATTRIBUTE_MAP", {})
+    monkeypatch.setattr(model_families, "CONFIG_ATTRIBUTE_MAP", {})
     assert m.describe_config(cfg, weights_bytes=1)["head_size"] == 4
 
 
@@ -193,6 +195,6 @@ def test_default_length_is_bloom_only():
       "attn_config": {"kv_n_heads": 8}}, "lacks num_hidden_layers, num_attention_heads"),
 ])
 def test_minicpm_and_dbrx_stay_refused(cfg, why):
-    assert cfg["model_type"] not in m.KNOWN_MODEL_TYPES
+    assert cfg["model_type"] not in model_families.KNOWN_MODEL_TYPES
     with pytest.raises(m.ModelError, match=why):
         m.describe_config(cfg, weights_bytes=1)

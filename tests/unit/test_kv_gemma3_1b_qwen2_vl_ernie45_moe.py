@@ -18,7 +18,9 @@ import pytest
 from test_model_families import check_kv_bytes, kinds, load
 from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 
 
 def test_gemma3_1b_text_only_slides_five_of_six_layers_by_512_with_one_kv_head():
@@ -47,10 +49,10 @@ def test_gemma3_1b_text_only_slides_five_of_six_layers_by_512_with_one_kv_head()
     # 2 x 1 x 256 x 2 = 1,024 bytes per token per layer
     check_kv_bytes(desc, 26, 1, 256)
     # one KV head is replicated, not split: still 1,024 bytes per GPU at TP 4
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 256 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 256 * 2
     # KV cache groups of 4 layers (the smaller count; 22 >= 1.5 x 4): ceil(22 / 4) = 6
     # sliding groups and 1 full group, each block 4 layers' pages
-    layout = t.kv_layout(desc, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(desc, tp=1, block_size=16)
     assert layout["group_size"] == 4 and sorted(layout["groups"]) == ["full"] + ["sliding"] * 6
     assert layout["bytes_per_block"] == 16 * 1024 * 4
     # 4 heads: TP 4 is accepted (gemma3.py:114 asserts heads % tp == 0), TP 8 not
@@ -66,7 +68,7 @@ def test_gemma3_1b_window_control_pattern_and_defaults(monkeypatch):
         m.describe_config(cfg, weights_bytes=1)["layer_kinds"]
     # control: without the Gemma 3 pattern rule the tuner cannot place the full
     # layers and refuses the published file rather than sliding all 26
-    monkeypatch.setattr(m, "LAYER_PATTERN_DEFAULTS", {})
+    monkeypatch.setattr(model_families, "LAYER_PATTERN_DEFAULTS", {})
     with pytest.raises(m.UnsupportedModelError, match="no layer_types"):
         m.describe_config(cfg, weights_bytes=1)
 
@@ -90,8 +92,8 @@ def test_qwen2_vl_7b_language_model_is_qwen2_from_top_level_fields():
                               (28, 4, 128), "gqa", "bfloat16", 32768)
     assert desc["rope_scaling"]["type"] == "mrope"
     # 4 KV heads: TP 2 keeps 2 per GPU; TP 8 replicates them (qwen2.py:141-149): 1 each
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 128 * 2
-    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
 
 
 def test_ernie_4_5_21b_a3b_moe_layout_and_experts_from_moe_names(monkeypatch):
@@ -109,7 +111,7 @@ def test_ernie_4_5_21b_a3b_moe_layout_and_experts_from_moe_names(monkeypatch):
     # 2 x 4 x 128 x 2 = 2,048 bytes per token per layer
     desc = check_full_decoder(cfg, "Ernie4_5_MoeForCausalLM", "ernie4_5_moe", (28, 4, 128),
                               "gqa", "bfloat16", 131072)
-    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
     # the routed experts (ernie45_moe.py:136, 186-187: moe_num_experts 64, top_k moe_k
     # 6), read through the config class's attribute_map, so expert parallelism is
     # allowed for it
@@ -118,7 +120,7 @@ def test_ernie_4_5_21b_a3b_moe_layout_and_experts_from_moe_names(monkeypatch):
     assert t._expert_parallel(desc, 2, True, reasons) is True
     # control: without CONFIG_ATTRIBUTE_MAP the file's moe_* names are not read, the
     # model looks dense and --enable-expert-parallel is refused
-    monkeypatch.setattr(m, "CONFIG_ATTRIBUTE_MAP", {})
+    monkeypatch.setattr(model_families, "CONFIG_ATTRIBUTE_MAP", {})
     dense = m.describe_config(cfg, weights_bytes=1)
     assert dense["moe"] is None
     with pytest.raises(t.TuneError, match="mixture-of-experts"):

@@ -12,7 +12,9 @@ import json
 import pytest
 
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 from test_model_families import MODELS, check_encoder_only, check_kv_bytes, kinds, load
 
 
@@ -43,10 +45,11 @@ def test_internlm2_5_7b_is_full_gqa_with_head_size_hidden_over_heads(monkeypatch
     # 2 x 8 x 128 x 2 = 4,096 bytes per token per layer, x 32 = 131,072 per token
     check_kv_bytes(desc, 32, 8, 128)
     # 8 KV heads split across TP 8 (1 each), replicated past it (internlm2.py:110-118)
-    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
-    assert t.kv_layout(desc, tp=16, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=16, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
     # control: outside the table the same config is refused
-    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"internlm2"})
+    monkeypatch.setattr(model_families, "KNOWN_MODEL_TYPES",
+                        model_families.KNOWN_MODEL_TYPES - {"internlm2"})
     with pytest.raises(m.ModelError, match="not in gpufleet's table"):
         m.describe_config(cfg, weights_bytes=1)
 
@@ -83,7 +86,7 @@ def test_twitter_roberta_base_sentiment_is_an_encoder_only_classifier(tmp_path, 
     assert desc["max_position_embeddings"] == 514
     assert desc["torch_dtype_from_config"] is False  # the config names no dtype
     for kv_dtype in ("auto", "fp8"):
-        layout = t.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
+        layout = kv_memory.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
         assert layout["per_token_layer_bytes"] == 0 and layout["groups"] == []
     # config/model.py:1926-1937: the tokenizer's model_max_length caps a pooling model
     # only when hf_config.position_embedding_type is "absolute". transformers 5.18's
@@ -102,7 +105,8 @@ def test_twitter_roberta_base_sentiment_is_an_encoder_only_classifier(tmp_path, 
         "max_position_embeddings"] == 512
     # control: read as a decoder, the same config would need 2 x 12 x 64 x 2 = 3,072
     # bytes per token per layer, which vLLM does not allocate
-    monkeypatch.setattr(m, "ENCODER_ONLY_MODEL_TYPES", m.ENCODER_ONLY_MODEL_TYPES - {"roberta"})
+    monkeypatch.setattr(model_families, "ENCODER_ONLY_MODEL_TYPES",
+                        model_families.ENCODER_ONLY_MODEL_TYPES - {"roberta"})
     decoder = m.describe_config(cfg, weights_bytes=1)
     assert decoder["attention"] == "mha"
-    assert t.kv_layout(decoder, tp=1, block_size=16)["per_token_layer_bytes"] == 3072
+    assert kv_memory.kv_layout(decoder, tp=1, block_size=16)["per_token_layer_bytes"] == 3072

@@ -15,7 +15,10 @@ import pytest
 from test_model_families import check_kv_bytes, kinds, load
 from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
+from gpufleet import serve_dtype
 
 
 def test_llava_1_5_7b_language_model_takes_llama_config_defaults(monkeypatch):
@@ -42,13 +45,13 @@ def test_llava_1_5_7b_language_model_takes_llama_config_defaults(monkeypatch):
     assert (desc["hidden_size"], desc["intermediate_size"], desc["vocab_size"]) == (
         4096, 11008, 32064)
     # 32 KV heads split across TP 4: 8 per GPU (llama.py:147-156)
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 8 * 128 * 2
     # the same abbreviated fields as a top-level config.json are still refused: the
     # defaults complete a wrapper's text_config only
     with pytest.raises(m.ModelError, match="lacks num_hidden_layers, num_attention_heads"):
         m.describe_config(dict(text, architectures=["LlamaForCausalLM"]), weights_bytes=1)
     # control: without TEXT_CONFIG_DEFAULTS the text_config lacks the shape
-    monkeypatch.setattr(m, "TEXT_CONFIG_DEFAULTS", {})
+    monkeypatch.setattr(model_families, "TEXT_CONFIG_DEFAULTS", {})
     with pytest.raises(m.ModelError, match="lacks num_hidden_layers, num_attention_heads"):
         m.describe_config(cfg, weights_bytes=1)
 
@@ -69,7 +72,7 @@ def test_olmoe_0125_instruct_is_mha_hidden_over_heads():
                               "bfloat16", 4096)
     assert desc["moe"] == {"num_experts": 64, "experts_per_token": 8}
     # 16 KV heads split across TP 4: 4 per GPU
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 4 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 4 * 128 * 2
     # control: test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2.py test_families_outside_the_table_are_refused[olmoe]
 
 
@@ -89,10 +92,10 @@ def test_stablelm_3b_4e1t_partial_rotary_does_not_size_the_cache():
     desc = check_full_decoder(cfg, "StableLmForCausalLM", "stablelm", (32, 32, 80), "mha",
                               "bfloat16", 4096)
     # were the rotary part the head size, it would be 2 x 32 x 20 x 2 = 2,560
-    per_token = t.kv_layout(desc, tp=1, block_size=16)["per_token_layer_bytes"]
+    per_token = kv_memory.kv_layout(desc, tp=1, block_size=16)["per_token_layer_bytes"]
     assert per_token == 10240 != 2 * 32 * int(80 * cfg["partial_rotary_factor"]) * 2
     # 32 KV heads split across TP 2: 16 per GPU
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 16 * 80 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 16 * 80 * 2
     # control: test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2.py test_families_outside_the_table_are_refused[stablelm]
 
 
@@ -109,7 +112,7 @@ def test_exaone_3_5_7_8b_reads_num_layers_and_head_dim():
     # llama3 rope_scaling (factor 8 over original 8192) is not applied again
     # (config/model.py:2585-2605, "llama3" among the types skipped). torch_dtype float32
     # in the file: vLLM downcasts a float32 checkpoint to its preferred 16-bit dtype
-    # (config/model.py:2422-2424), as the tuner's dtype choice does (tune._served_dtype).
+    # (config/model.py:2422-2424), as the tuner's dtype choice does (serve_dtype.served_dtype).
     cfg = load("exaone-3.5-7.8b-instruct")
     assert "num_hidden_layers" not in cfg and cfg["num_layers"] == 32
     assert cfg["rope_scaling"]["rope_type"] == "llama3"
@@ -120,10 +123,10 @@ def test_exaone_3_5_7_8b_reads_num_layers_and_head_dim():
     assert kinds(desc) == {"full": 32} and desc["sliding_window"] is None
     assert desc["attention"] == "gqa" and desc["kind"] == "generative"
     assert desc["torch_dtype"] == "float32"
-    assert t._served_dtype(desc, (9, 0), None, [], False) == ("bfloat16", 2)
+    assert serve_dtype.served_dtype(desc, (9, 0), None, [], False) == ("bfloat16", 2)
     assert desc["max_position_embeddings"] == 32768 and t.model_max_len(desc) == 32768
     # 2 x 8 x 128 x 2 = 4,096 bytes per token per layer
     check_kv_bytes(desc, 32, 8, 128)
     # 8 KV heads split across TP 8: 1 per GPU
-    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
     # control: test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2.py test_families_outside_the_table_are_refused[exaone]

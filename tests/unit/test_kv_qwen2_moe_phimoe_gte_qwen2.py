@@ -18,7 +18,9 @@ import pytest
 
 from test_model_families import check_kv_bytes, kinds, load
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 
 
 def test_qwen2_moe_57b_a14b_is_full_gqa_whatever_use_sliding_window_says():
@@ -41,8 +43,8 @@ def test_qwen2_moe_57b_a14b_is_full_gqa_whatever_use_sliding_window_says():
     assert desc["max_position_embeddings"] == 131072 and t.model_max_len(desc) == 131072
     check_kv_bytes(desc, 28, 4, 128)  # 2 x 4 x 128 x 2 = 2,048 bytes per token per layer
     # 4 KV heads: split across TP 4, replicated at TP 8 (one head per GPU)
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
-    assert t.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=8, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
     # With use_sliding_window true, Qwen2MoeConfig writes sliding_attention only on
     # layers with (i + 1) % 2 and i < max_window_layers: a mixed list, so arg_utils
     # leaves CacheConfig.sliding_window None, and qwen2_moe.py passes no per-layer
@@ -79,12 +81,13 @@ def test_phi3_5_moe_slides_every_layer_by_its_sliding_window(monkeypatch):
     # one group of 32 sliding layers whose window is the whole context: a request of
     # 131,072 tokens holds ceil(min(131071 + in-flight, 131072) / 16) + 1 = 8,193
     # blocks, one more than a full-attention layer would
-    layout = t.kv_layout(desc, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(desc, tp=1, block_size=16)
     assert layout["groups"] == ["sliding"]
-    assert t.max_concurrency(layout, 8193, 131072, 2048) == 1.0
-    assert t.max_concurrency(layout, 8192, 131072, 2048) < 1.0
+    assert kv_memory.max_concurrency(layout, 8193, 131072, 2048) == 1.0
+    assert kv_memory.max_concurrency(layout, 8192, 131072, 2048) < 1.0
     # control: outside the table the config is refused, as before this family was read
-    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES", m.KNOWN_MODEL_TYPES - {"phimoe"})
+    monkeypatch.setattr(model_families, "KNOWN_MODEL_TYPES",
+                        model_families.KNOWN_MODEL_TYPES - {"phimoe"})
     with pytest.raises(m.ModelError, match="not in gpufleet's table"):
         m.describe_config(cfg, weights_bytes=1)
 
@@ -109,7 +112,7 @@ def test_gte_qwen2_7b_is_causal_false_is_an_encoder_only_embedding_model(monkeyp
             desc["head_size"]) == (28, 28, 4, 128)
     assert desc["max_position_embeddings"] == 131072
     assert desc["torch_dtype"] == "float32"
-    layout = t.kv_layout(desc, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(desc, tp=1, block_size=16)
     assert layout["per_token_layer_bytes"] == 0 and layout["groups"] == []
     # Without the sentence-transformers files vLLM would pick the generate runner from
     # the architecture (config/model.py:1270-1291; is_causal plays no part) and
@@ -122,12 +125,12 @@ def test_gte_qwen2_7b_is_causal_false_is_an_encoder_only_embedding_model(monkeyp
                                sentence_transformers=True)
     assert causal["attention"] == "gqa" and kinds(causal) == {"full": 28}
     check_kv_bytes(causal, 28, 4, 128)
-    monkeypatch.setattr(m, "IS_CAUSAL_MODEL_TYPES", set())
+    monkeypatch.setattr(model_families, "IS_CAUSAL_MODEL_TYPES", set())
     desc = m.describe_config(cfg, weights_bytes=1, sentence_transformers=True)
     assert desc["attention"] == "gqa"
 
 
-@pytest.mark.parametrize("model_type", sorted(m.IS_CAUSAL_MODEL_TYPES))
+@pytest.mark.parametrize("model_type", sorted(model_families.IS_CAUSAL_MODEL_TYPES))
 def test_is_causal_false_makes_each_reading_family_encoder_only(model_type):
     # llama.py:277-283 (with mistral.py:144-156 and phi3.py:10), qwen2.py:254-260,
     # qwen3.py:194-200, gemma3.py:165-168 all build EncoderOnlyAttention for it.

@@ -14,10 +14,12 @@ import pytest
 from test_model_families import check_kv_bytes, kinds, load
 from test_kv_falcon_neox_olmo2_deepseek_v2_granite_cohere2 import check_full_decoder
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 from helpers import pinning_lock
 
-FULL, SLIDING = m.FULL_LAYER, m.SLIDING_LAYER
+FULL, SLIDING = model_families.FULL_LAYER, model_families.SLIDING_LAYER
 GiB = 1 << 30
 
 
@@ -43,8 +45,8 @@ def test_smollm3_3b_is_gqa_full_attention_nope_layers_keep_their_cache():
                               "bfloat16", 65536)
     assert desc["kind"] == "generative" and desc["rope_scaling"] is None
     # 4 KV heads split across TP 2: 2 per GPU; TP 4: 1 per GPU
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 128 * 2
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 1 * 128 * 2
 
 
 def _smollm3_without_layer_types(**fields):
@@ -66,10 +68,10 @@ def test_smollm3_window_needs_use_sliding_window_whose_default_is_false(monkeypa
     # control: without CONFIG_DEFAULTS the generic rule reads a missing
     # use_sliding_window as true, and the file would be taken for a sliding one: refused
     # (below), or, without that refusal too, slid on every layer
-    monkeypatch.setattr(m, "CONFIG_DEFAULTS", {})
+    monkeypatch.setattr(model_families, "CONFIG_DEFAULTS", {})
     with pytest.raises(m.UnsupportedModelError, match="no layer_types list"):
         m.describe_config(cfg, weights_bytes=1)
-    monkeypatch.setattr(m, "LAYER_TYPES_NEEDED_MODEL_TYPES", ())
+    monkeypatch.setattr(model_families, "LAYER_TYPES_NEEDED_MODEL_TYPES", ())
     assert kinds(m.describe_config(cfg, weights_bytes=1)) == {"sliding": 36}
 
 
@@ -86,7 +88,7 @@ def test_smollm3_sliding_without_layer_types_is_refused(monkeypatch):
     assert kinds(desc) == {"full": 27, "sliding": 9} and desc["sliding_window"] == 4096
     assert desc["attention"] == "gqa+sliding"
     # control: without LAYER_TYPES_NEEDED_MODEL_TYPES every layer would be called sliding
-    monkeypatch.setattr(m, "LAYER_TYPES_NEEDED_MODEL_TYPES", ())
+    monkeypatch.setattr(model_families, "LAYER_TYPES_NEEDED_MODEL_TYPES", ())
     assert kinds(m.describe_config(cfg, weights_bytes=1)) == {"sliding": 36}
 
 
@@ -156,9 +158,9 @@ def test_internvl3_8b_language_model_is_read_from_llm_config(monkeypatch):
     # makes it a pooling model; without internvl_chat among the remote config types no
     # --trust-remote-code is asked; without llm_config among the text config keys the
     # top level has no layer count
-    monkeypatch.setattr(m, "GENERATIVE_ARCHITECTURES", {"ChatGLMModel"})
+    monkeypatch.setattr(model_families, "GENERATIVE_ARCHITECTURES", {"ChatGLMModel"})
     assert m.describe_config(cfg, weights_bytes=1)["kind"] == "pooling"
-    monkeypatch.setattr(m, "REMOTE_CONFIG_MODEL_TYPES", {"exaone", "internlm2", "new"})
+    monkeypatch.setattr(model_families, "REMOTE_CONFIG_MODEL_TYPES", {"exaone", "internlm2", "new"})
     assert m.describe_config(cfg, weights_bytes=1)["remote_config_class"] is None
     monkeypatch.setattr(m, "TEXT_CONFIG_KEYS", ("text_config",))
     with pytest.raises(m.ModelError, match="num_hidden_layers"):

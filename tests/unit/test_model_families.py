@@ -23,7 +23,9 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 
 MODELS = FIXTURES / "models"
 
@@ -41,11 +43,11 @@ def kinds(desc):
 
 def check_kv_bytes(desc, layers, kv_heads, head_size):
     """Per-token KV bytes at TP 1: 16-bit and fp8 (16-bit where the family's vLLM file
-    ignores --kv-cache-dtype: model.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES), per layer and
-    for the model."""
+    ignores --kv-cache-dtype: model_families.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES), per
+    layer and for the model."""
     fp8 = 2 if desc["kv_cache_dtype_ignored"] else 1
     for kv_dtype, width in (("auto", 2), ("fp8", fp8)):
-        layout = t.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
+        layout = kv_memory.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
         assert layout["per_token_layer_bytes"] == 2 * kv_heads * head_size * width
         assert layout["per_token_layer_bytes"] * layout["num_layers"] == \
             2 * layers * kv_heads * head_size * width
@@ -79,9 +81,9 @@ def test_phi3_medium_slides_every_layer_by_its_sliding_window():
     # one group of 40 sliding layers: a request of 4,096 tokens holds
     # ceil(min(2047 - 1 + in-flight, 4096) / 16) + 1 = 257 blocks, not 256, whether
     # 2 x 2048 (a GPU, async scheduling: kv_layout's default) or 1 x 2048 are in flight
-    layout = t.kv_layout(desc, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(desc, tp=1, block_size=16)
     assert layout["groups"] == ["sliding"]
-    assert t.max_concurrency(layout, 257, 4096, 2048) == 1.0
+    assert kv_memory.max_concurrency(layout, 257, 4096, 2048) == 1.0
 
 
 def test_phi4_has_no_sliding_window():
@@ -149,7 +151,7 @@ def test_gpt_oss_20b_alternates_sliding_and_full_layers():
     assert kinds(desc) == {"sliding": 12, "full": 12} and desc["sliding_window"] == 128
     assert desc["quantization"]["method"] == "mxfp4"
     check_kv_bytes(desc, 24, 8, 64)
-    layout = t.kv_layout(desc, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(desc, tp=1, block_size=16)
     assert layout["group_size"] == 12 and sorted(layout["groups"]) == ["full", "sliding"]
 
 
@@ -164,7 +166,7 @@ def test_exaone4_32b_three_sliding_layers_to_one_full():
     check_kv_bytes(desc, 64, 8, 128)
     # _get_kv_cache_groups_uniform_page_size: 48 >= 1.5 x 16, so groups of 16 layers:
     # 3 sliding groups and 1 full group share the pool.
-    layout = t.kv_layout(desc, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(desc, tp=1, block_size=16)
     assert layout["group_size"] == 16
     assert sorted(layout["groups"]) == ["full", "sliding", "sliding", "sliding"]
 
@@ -202,9 +204,9 @@ def test_kimi_k2_is_mla():
     assert desc["attention"] == "mla" and desc["num_layers"] == 61
     assert (desc["kv_lora_rank"], desc["qk_rope_head_dim"]) == (512, 64)
     for tp in (1, 8):
-        layout = t.kv_layout(desc, tp=tp, block_size=64)
+        layout = kv_memory.kv_layout(desc, tp=tp, block_size=64)
         assert layout["per_token_layer_bytes"] == (512 + 64) * 2
-    assert t.kv_layout(desc, 1, 64, kv_cache_dtype="fp8")["per_token_layer_bytes"] == 576
+    assert kv_memory.kv_layout(desc, 1, 64, kv_cache_dtype="fp8")["per_token_layer_bytes"] == 576
 
 
 def test_mimo_is_not_added_its_config_class_is_remote_code():
@@ -386,7 +388,7 @@ def test_kimi_k2_5_is_mla_through_its_text_config_and_quantization_there():
     assert (desc["kv_lora_rank"], desc["qk_rope_head_dim"]) == (512, 64)
     assert desc["quantization"]["method"] == "compressed-tensors"
     for tp in (1, 8):
-        assert t.kv_layout(desc, tp=tp, block_size=64)["per_token_layer_bytes"] == \
+        assert kv_memory.kv_layout(desc, tp=tp, block_size=64)["per_token_layer_bytes"] == \
             (512 + 64) * 2
 
 
@@ -518,7 +520,7 @@ def test_starcoderbase_7b_gpt_bigcode_is_multi_query_one_kv_head():
     assert desc["max_position_embeddings"] == 8192
     check_kv_bytes(desc, 42, 1, 128)
     # one KV head is replicated, not split, across tensor-parallel ranks
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
     cfg = dict(load("starcoderbase-7b"), multi_query=False)
     assert m.describe_config(cfg, weights_bytes=1)["num_kv_heads"] == 32
 
@@ -644,11 +646,11 @@ def test_gemma2_9b_it_alternates_sliding_and_full_from_the_derived_layer_types(m
     assert desc["attention"] == "gqa+sliding" and desc["kind"] == "generative"
     assert desc["max_position_embeddings"] == 8192 and t.model_max_len(desc) == 8192
     check_kv_bytes(desc, 42, 8, 256)
-    layout = t.kv_layout(desc, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(desc, tp=1, block_size=16)
     assert layout["group_size"] == 21 and sorted(layout["groups"]) == ["full", "sliding"]
     # control: without the Gemma 2 pattern rule the same config would slide on every
     # layer (sliding_window set, no layer_types), which this test rejects
-    monkeypatch.setattr(m, "LAYER_PATTERN_DEFAULTS", {})
+    monkeypatch.setattr(model_families, "LAYER_PATTERN_DEFAULTS", {})
     assert kinds(m.describe_config(load("gemma-2-9b-it"), weights_bytes=1)) == {
         "sliding": 42}
 
@@ -672,8 +674,8 @@ def test_chatglm3_6b_is_generative_multi_query_groups_and_seq_length(monkeypatch
     assert desc["torch_dtype"] == "float16"
     check_kv_bytes(desc, 28, 2, 128)
     # 2 KV heads are split across TP 2, replicated at TP 4
-    assert t.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
-    assert t.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=2, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
+    assert kv_memory.kv_layout(desc, tp=4, block_size=16)["per_token_layer_bytes"] == 2 * 128 * 2
     # controls: without multi_query_attention vLLM builds one KV head per head; without
     # seq_length (its only length key) the config is refused; read by its name ending
     # alone, ChatGLMModel would be taken for a pooling model
@@ -682,7 +684,7 @@ def test_chatglm3_6b_is_generative_multi_query_groups_and_seq_length(monkeypatch
     with pytest.raises(m.ModelError, match="lacks max_position_embeddings"):
         m.describe_config({k: v for k, v in cfg.items() if k != "seq_length"},
                           weights_bytes=1)
-    monkeypatch.setattr(m, "GENERATIVE_ARCHITECTURES", set())
+    monkeypatch.setattr(model_families, "GENERATIVE_ARCHITECTURES", set())
     assert m.describe_config(cfg, weights_bytes=1)["kind"] == "pooling"
 
 
@@ -696,7 +698,7 @@ def test_bge_m3_xlm_roberta_is_an_encoder_only_pooling_model(tmp_path):
     desc = m.describe_config(cfg, weights_bytes=1)
     check_encoder_only(desc, "XLMRobertaModel", "xlm-roberta", (24, 16, 64))
     assert desc["torch_dtype"] == "float32"
-    layout = t.kv_layout(desc, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(desc, tp=1, block_size=16)
     assert layout["per_token_layer_bytes"] == 0 and layout["groups"] == []
     # config/model.py:2129-2141, 2552-2557: for a pooling model with absolute position
     # embeddings vLLM also takes tokenizer_config.json's model_max_length. bge-m3's own

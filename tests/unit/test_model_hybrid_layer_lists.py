@@ -6,8 +6,8 @@ families from one per-layer field of the config, and config/model.py:2023-2031
 layer_types are all "attention" / "full_attention" ("Handle granite-4.0-micro case
 which uses hybrid config but does not actually contain any non-attention layers"). So a
 checkpoint whose every layer is attention is a plain attention model, described by its
-fields (model.HYBRID_LAYER_LISTS); one with another kind of layer is refused naming the
-field, the index and the value, whatever its name.
+fields (model_families.HYBRID_LAYER_LISTS); one with another kind of layer is refused
+naming the field, the index and the value, whatever its name.
 
 - granitemoehybrid.py:322-325 ALL_DECODER_LAYER_TYPES (full_attention: attention layer,
   linear_attention: Mamba2 layer), :351 config.layer_types[layer_idx]; :241 head size
@@ -27,7 +27,9 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import model as m
+from gpufleet import model_families
 from gpufleet import tune as t
+from gpufleet import kv_memory
 
 MODELS = FIXTURES / "models"
 
@@ -81,7 +83,7 @@ def check_plain(desc, layers, kv_heads, head_size):
         (layers, kv_heads, head_size)
     assert desc["kind_heads"] is None
     for kv_dtype, width in (("auto", 2), ("fp8", 1)):
-        layout = t.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
+        layout = kv_memory.kv_layout(desc, tp=1, block_size=16, kv_cache_dtype=kv_dtype)
         assert layout["per_token_layer_bytes"] == 2 * kv_heads * head_size * width
         assert layout["num_layers"] == layers
 
@@ -210,8 +212,8 @@ def test_control_without_the_layer_lists_the_all_attention_lfm2_is_refused_by_na
     _, text = lfm2_text()
     cfg = dict(text, layer_types=["full_attention"] * 16)
     # raising=False: main has no HYBRID_LAYER_LISTS, and this test passes there too
-    monkeypatch.setattr(m, "HYBRID_LAYER_LISTS", {}, raising=False)
-    monkeypatch.setattr(m, "KNOWN_MODEL_TYPES",
-                        m.KNOWN_MODEL_TYPES - {"granitemoehybrid", "lfm2", "lfm2_moe"})
+    monkeypatch.setattr(model_families, "HYBRID_LAYER_LISTS", {}, raising=False)
+    monkeypatch.setattr(model_families, "KNOWN_MODEL_TYPES", model_families.KNOWN_MODEL_TYPES
+                        - {"granitemoehybrid", "lfm2", "lfm2_moe"})
     with pytest.raises(m.ModelError, match="not in gpufleet's table"):
         m.describe_config(cfg, weights_bytes=1)

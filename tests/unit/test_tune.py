@@ -15,6 +15,8 @@ from conftest import FIXTURES
 from gpufleet import gpu as gpu_facts
 from gpufleet import model as m
 from gpufleet import tune as t
+from gpufleet import kv_memory
+from gpufleet import vllm_flags
 from helpers import run_module
 
 MODELS = FIXTURES / "models"
@@ -52,18 +54,18 @@ def describe(name, weights, **extra):
 def test_llama_8b_rtx_3090_published_kv_figure():
     """vLLM on an RTX 3090 at 0.9: KV 3.81 GiB -> 1952 blocks of 16 = 31,232 tokens."""
     llama = describe("llama-3.1-8b", LLAMA_8B_BYTES)
-    layout = t.kv_layout(llama, tp=1, block_size=16)
+    layout = kv_memory.kv_layout(llama, tp=1, block_size=16)
     # 2 (K,V) x 8 kv heads x 128 head size x 2 bytes = 4096 bytes per token per layer
     assert layout["per_token_layer_bytes"] == 2 * 8 * 128 * 2
-    blocks, tokens = t.kv_tokens_from_bytes(layout, int(3.81 * GiB))
+    blocks, tokens = kv_memory.kv_tokens_from_bytes(layout, int(3.81 * GiB))
     assert abs(tokens - 31_232) / 31_232 < 0.01
     # 3.81 is the log's rounding of 1952 x 16 x 4096 x 32 bytes = 3.8125 GiB
-    assert t.kv_tokens_from_bytes(layout, 1952 * 16 * 4096 * 32) == (1952, 31_232)
+    assert kv_memory.kv_tokens_from_bytes(layout, 1952 * 16 * 4096 * 32) == (1952, 31_232)
 
 
 def test_kv_heads_are_replicated_when_fewer_than_tp():
     llama70 = describe("llama-3.1-70b", LLAMA_70B_BYTES)  # 8 kv heads, 80 layers
-    per_layer = {tp: t.kv_layout(llama70, tp, 16)["per_token_layer_bytes"]
+    per_layer = {tp: kv_memory.kv_layout(llama70, tp, 16)["per_token_layer_bytes"]
                  for tp in (1, 4, 8, 16)}
     assert per_layer == {1: 2 * 8 * 128 * 2, 4: 2 * 2 * 128 * 2, 8: 2 * 1 * 128 * 2,
                          16: 2 * 1 * 128 * 2}
@@ -72,11 +74,11 @@ def test_kv_heads_are_replicated_when_fewer_than_tp():
 def test_mla_latent_is_not_sharded_and_fp8_is_one_byte():
     dsv3 = describe("deepseek-v3", 671 * 10 ** 9)
     for tp in (1, 8):
-        assert t.kv_layout(dsv3, tp, 64)["per_token_layer_bytes"] == (512 + 64) * 2
-    assert t.kv_layout(dsv3, 8, 64, "fp8")["per_token_layer_bytes"] == 512 + 64
-    assert t.kv_layout(dsv3, 8, 64, "fp8_ds_mla")["per_token_layer_bytes"] == 656
+        assert kv_memory.kv_layout(dsv3, tp, 64)["per_token_layer_bytes"] == (512 + 64) * 2
+    assert kv_memory.kv_layout(dsv3, 8, 64, "fp8")["per_token_layer_bytes"] == 512 + 64
+    assert kv_memory.kv_layout(dsv3, 8, 64, "fp8_ds_mla")["per_token_layer_bytes"] == 656
     with pytest.raises(t.TuneError, match="MLA models only"):
-        t.kv_layout(describe("qwen3-8b", 1), 1, 16, "fp8_ds_mla")
+        kv_memory.kv_layout(describe("qwen3-8b", 1), 1, 16, "fp8_ds_mla")
 
 
 def hybrid_model(sliding, full):
@@ -92,13 +94,13 @@ def hybrid_model(sliding, full):
 
 def test_hybrid_sliding_and_full_groups_share_one_pool():
     model = hybrid_model(20, 4)
-    layout = t.kv_layout(model, 1, 16)
+    layout = kv_memory.kv_layout(model, 1, 16)
     # group size = 4 (the smaller count; 20 >= 1.5 x 4): 5 sliding groups + 1 full
     assert layout["group_size"] == 4
     assert sorted(layout["groups"]) == ["full"] + ["sliding"] * 5
     page = 16 * 2 * 4 * 256 * 2  # block x (K,V) x kv heads x head size x bf16
     assert layout["page_bytes"] == page
-    blocks, tokens = t.kv_tokens_from_bytes(layout, 10 * GiB)
+    blocks, tokens = kv_memory.kv_tokens_from_bytes(layout, 10 * GiB)
     assert blocks == 10 * GiB // page // 4
     assert tokens == blocks // 6 * 16
     # One 8192-token request on a GPU, where vLLM 0.32 schedules asynchronously and a
@@ -108,15 +110,15 @@ def test_hybrid_sliding_and_full_groups_share_one_pool():
     # blocks; each sliding group ceil(min(1024 - 1 + 2 x 2048, 8192) / 16) + 1 = 321
     # blocks, 512 + 5 x 321 = 2117 in all. (Was 1477 with 1 x 2048 in flight, the
     # CPU backend's rule, kept below.)
-    assert t.in_flight_tokens(layout, 2048) == 4096
-    assert t.max_concurrency(layout, 2117, 8192, 2048) == 1.0
+    assert kv_memory.in_flight_tokens(layout, 2048) == 4096
+    assert kv_memory.max_concurrency(layout, 2117, 8192, 2048) == 1.0
     # Async scheduling off (the CPU backend): ceil(min(1023 + 2048, 8192) / 16) + 1
     # = 193 blocks per sliding group, 512 + 5 x 193 = 1477.
-    cpu = t.kv_layout(model, 1, 16, async_sched=False)
-    assert t.in_flight_tokens(cpu, 2048) == 2048
-    assert t.max_concurrency(cpu, 1477, 8192, 2048) == 1.0
+    cpu = kv_memory.kv_layout(model, 1, 16, async_sched=False)
+    assert kv_memory.in_flight_tokens(cpu, 2048) == 2048
+    assert kv_memory.max_concurrency(cpu, 1477, 8192, 2048) == 1.0
     # 12 + 12 layers: equal counts, one group each
-    even = t.kv_layout(hybrid_model(12, 12), 1, 16)
+    even = kv_memory.kv_layout(hybrid_model(12, 12), 1, 16)
     assert even["group_size"] == 12 and sorted(even["groups"]) == ["full", "sliding"]
 
 
@@ -124,23 +126,6 @@ def test_hybrid_plan_reports_the_groups():
     result = t.plan(hybrid_model(20, 4), RTX_4090, max_model_len=32768)
     assert any("hybrid" in r for r in result["reasons"])
     assert result["prediction"]["max_concurrency"] > 1
-
-
-def test_parse_vllm_log_lines_and_compare():
-    # Line formats from vllm/v1/core/kv_cache_utils.py _report_kv_cache_config and the
-    # CPU backend's "CPU KV cache size: 2,816 tokens" (shared/notes/test-infra.md).
-    log = ("INFO [gpu_worker.py:298] Available KV cache memory: 3.81 GiB\n"
-           "INFO [kv_cache_utils.py:1087] GPU KV cache size: 31,232 tokens\n"
-           "INFO [kv_cache_utils.py:1091] Maximum concurrency for 8,192 tokens per "
-           "request: 3.81x\n")
-    parsed = t.parse_kv_cache_log(log)
-    assert parsed == {"kv_cache_tokens": 31232, "device": "GPU", "max_model_len": 8192,
-                      "max_concurrency": 3.81, "available_kv_gib": 3.81}
-    assert t.parse_kv_cache_log("CPU KV cache size: 2,816 tokens")["device"] == "CPU"
-    cmp = t.compare_with_log(31200, log)
-    assert cmp["observed"] == 31232 and abs(cmp["relative_error"]) < 0.01
-    with pytest.raises(t.TuneError, match="no 'KV cache size"):
-        t.parse_kv_cache_log("nothing here")
 
 
 def test_kv_tokens_for_a_cpu_budget_match_hand_arithmetic():
@@ -184,7 +169,7 @@ def test_logged_kv_tokens_when_max_model_len_is_not_a_block_multiple():
     at_256 = t.plan(lab_tiny_llama(), [], kv_cache_memory_bytes=16 * 2 ** 20,
                     max_model_len=256)["prediction"]
     assert at_256["kv_cache_tokens"] == 256 * 128 == 32_768
-    assert t.kv_cache_size_tokens(None, 256) is None
+    assert kv_memory.kv_cache_size_tokens(None, 256) is None
 
 
 def test_enforce_eager_is_emitted_once():
@@ -554,8 +539,8 @@ def test_extra_args_are_rewritten_for_the_version():
     old = t.plan(llama, RTX_4090, max_model_len=4096, vllm_version="0.9.0",
                  extra_args=["--no-enable-log-requests"])
     assert old["args"][-1] == "--disable-log-requests"
-    assert t.default_gpu_memory_utilization("0.20.1") == 0.9
-    assert t.default_gpu_memory_utilization("0.32.0") == 0.92
+    assert vllm_flags.default_gpu_memory_utilization("0.20.1") == 0.9
+    assert vllm_flags.default_gpu_memory_utilization("0.32.0") == 0.92
 
 
 def test_overhead_override_moves_the_budget_exactly():

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from gpufleet import model, tune
+from gpufleet import engine_args, model, tune
 from helpers import run_module
 
 GiB = 1024 ** 3
@@ -176,9 +176,9 @@ def test_an_api_key_in_extra_args_is_refused_without_the_key(extra):
     from gpufleet import tune
 
     with pytest.raises(tune.TuneError, match="vllm_server_api_key") as exc:
-        tune.check_extra_args(extra)
+        engine_args.check_extra_args(extra)
     assert "KEY-VALUE-1234" not in str(exc.value)
-    assert tune.models_with_secret_args([{"name": "a", "extra_args": extra},
+    assert engine_args.models_with_secret_args([{"name": "a", "extra_args": extra},
                                          {"name": "b", "extra_args": ["--api-key-file-x"]},
                                          {"name": "c"}]) == ["a"]
 
@@ -186,7 +186,7 @@ def test_an_api_key_in_extra_args_is_refused_without_the_key(extra):
 def test_other_extra_args_pass():
     from gpufleet import tune
 
-    assert tune.check_extra_args(["--tool-call-parser", "hermes", "--api-keys-are-elsewhere"]) == [
+    assert engine_args.check_extra_args(["--tool-call-parser", "hermes", "--api-keys-are-elsewhere"]) == [
         "--tool-call-parser", "hermes", "--api-keys-are-elsewhere"]
     with pytest.raises(tune.TuneError, match="list of strings"):
-        tune.check_extra_args("--enforce-eager")
+        engine_args.check_extra_args("--enforce-eager")

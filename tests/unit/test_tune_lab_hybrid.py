@@ -17,6 +17,8 @@ import pytest
 
 import vllm_tune
 from gpufleet import tune as t
+from gpufleet import kv_memory
+from gpufleet import kv_log
 from helpers import run_module
 
 TINY_GEMMA3_CONFIG = {
@@ -168,7 +170,7 @@ def test_lab_hybrid_prediction_equals_the_vllm_log(monkeypatch, config, weights,
     assert prediction["num_blocks"] == num_blocks
     assert prediction["kv_cache_tokens"] == int(num_blocks / blocks_per_request
                                                 * max_model_len)
-    log = t.parse_kv_cache_log(logged)
+    log = kv_log.parse_kv_cache_log(logged)
     assert prediction["kv_cache_tokens"] == log["kv_cache_tokens"]
     assert prediction["max_concurrency"] == log["max_concurrency"]
     assert any(layout_words in r for r in result["reasons"])
@@ -196,9 +198,10 @@ GPU_KV_BYTES = 16 * 1024 * 1024  # 8,192 blocks
 
 def one_batch_in_flight(monkeypatch):
     """The old rule: 1 x max_num_batched_tokens in flight (in the module's copy of
-    gpufleet.tune too, which vllm_tune imports as
-    ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.tune)."""
-    for name in ("gpufleet.tune", "ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.tune"):
+    gpufleet.kv_memory too, which vllm_tune's tune imports as
+    ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.kv_memory)."""
+    for name in ("gpufleet.kv_memory",
+                 "ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.kv_memory"):
         monkeypatch.setattr(importlib.import_module(name), "ASYNC_CONCURRENT_BATCHES", 1)
 
 
@@ -279,4 +282,4 @@ def test_tiny_gemma3_on_a_gpu_longest_context_control(monkeypatch):
     (False, False, ["--no-async-scheduling"], False),
 ])
 def test_async_scheduling_follows_vllm(cpu, pooling, extra_args, expected):
-    assert t.async_scheduling(cpu, pooling, extra_args) is expected
+    assert kv_memory.async_scheduling(cpu, pooling, extra_args) is expected

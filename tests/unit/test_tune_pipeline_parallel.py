@@ -13,6 +13,7 @@ import os
 import pytest
 
 from gpufleet import engine_args, model as m, tune
+from gpufleet import kv_memory
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-kv", "pipeline-parallel.json")
@@ -38,27 +39,27 @@ def tuner_numbers(model, case, derived, ignore_stages=False):
     tp, pp, mnbt = case["tp"], case["pp"], case["max_num_batched_tokens"]
     avail = case["stage_available_bytes"]
     if ignore_stages:
-        layout = tune.kv_layout(model, tp, case["block_size"])
+        layout = kv_memory.kv_layout(model, tp, case["block_size"])
         stages = [{"layers": [0, model["num_layers"]],
                    "bytes_per_block": layout["bytes_per_block"],
                    "num_blocks": a // layout["bytes_per_block"]} for a in avail]
         stage_layouts = [layout] * pp
     else:
-        layout = tune.pp_layout(model, tp, pp, case["block_size"])
-        stages = tune.pp_stages(model, tp, pp, case["block_size"], avail)
-        stage_layouts = [tune.pp_stage_layout(layout, model, *st["layers"])
+        layout = kv_memory.pp_layout(model, tp, pp, case["block_size"])
+        stages = kv_memory.pp_stages(model, tp, pp, case["block_size"], avail)
+        stage_layouts = [kv_memory.pp_stage_layout(layout, model, *st["layers"])
                          for st in stages]
     num_blocks = min(st["num_blocks"] for st in stages)
     length = case["max_model_len"]
-    concurrency = tune.max_concurrency(layout, num_blocks, length, mnbt)
+    concurrency = kv_memory.max_concurrency(layout, num_blocks, length, mnbt)
     return {
         "stages": stages,
         "num_blocks": num_blocks,
-        "max_in_flight_tokens": tune.in_flight_tokens(layout, mnbt),
+        "max_in_flight_tokens": kv_memory.in_flight_tokens(layout, mnbt),
         "max_concurrency": concurrency,
-        "kv_cache_size_tokens": tune.kv_cache_size_tokens(concurrency, length),
+        "kv_cache_size_tokens": kv_memory.kv_cache_size_tokens(concurrency, length),
         "estimated_max_model_len": min(
-            tune.max_fitting_len(sl, a, derived, mnbt)
+            kv_memory.max_fitting_len(sl, a, derived, mnbt)
             for sl, a in zip(stage_layouts, avail)),
     }
 
@@ -131,10 +132,10 @@ def test_control_an_altered_fixture_fails():
 
 def test_layer_split_is_get_pp_indices():
     # vllm/distributed/utils.py: the remainder goes to the stages before the last
-    assert tune.pp_layer_ranges(42, 4) == [(0, 10), (10, 21), (21, 32), (32, 42)]
-    assert tune.pp_layer_ranges(32, 5) == [(0, 6), (6, 12), (12, 19), (19, 26), (26, 32)]
-    assert tune.pp_layer_ranges(80, 3) == [(0, 27), (27, 54), (54, 80)]
-    assert tune.pp_layer_ranges(7, 1) == [(0, 7)]
+    assert kv_memory.pp_layer_ranges(42, 4) == [(0, 10), (10, 21), (21, 32), (32, 42)]
+    assert kv_memory.pp_layer_ranges(32, 5) == [(0, 6), (6, 12), (12, 19), (19, 26), (26, 32)]
+    assert kv_memory.pp_layer_ranges(80, 3) == [(0, 27), (27, 54), (54, 80)]
+    assert kv_memory.pp_layer_ranges(7, 1) == [(0, 7)]
 
 
 def test_stage_weights_embedding_first_lm_head_last():
@@ -142,14 +143,14 @@ def test_stage_weights_embedding_first_lm_head_last():
     embed = 1000 * 10 * 2
     untied = dict(model, tie_word_embeddings=False)
     weights = 2 * embed + 4000
-    assert tune.pp_stage_weights(untied, weights, 2, [(0, 4)]) == [weights]
-    assert tune.pp_stage_weights(untied, weights, 2, [(0, 2), (2, 4)]) == [
+    assert kv_memory.pp_stage_weights(untied, weights, 2, [(0, 4)]) == [weights]
+    assert kv_memory.pp_stage_weights(untied, weights, 2, [(0, 2), (2, 4)]) == [
         embed + 2000, embed + 2000]
-    assert tune.pp_stage_weights(untied, weights, 2, [(0, 1), (1, 3), (3, 4)]) == [
+    assert kv_memory.pp_stage_weights(untied, weights, 2, [(0, 1), (1, 3), (3, 4)]) == [
         embed + 1000, 2000, embed + 1000]
     # tied: one matrix in the checkpoint, but the last stage builds its own copy
     tied = dict(model, tie_word_embeddings=True)
-    assert tune.pp_stage_weights(tied, embed + 4000, 2, [(0, 2), (2, 4)]) == [
+    assert kv_memory.pp_stage_weights(tied, embed + 4000, 2, [(0, 2), (2, 4)]) == [
         embed + 2000, embed + 2000]
 
 

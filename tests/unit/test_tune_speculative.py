@@ -14,6 +14,7 @@ import os
 import pytest
 
 from gpufleet import engine_args, model as m, speculative, tune
+from gpufleet import kv_memory
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-kv", "speculative.json")
@@ -56,10 +57,10 @@ def tuner_numbers(key, case, ignore_draft=False):
              if spec["method"] != "mtp" else None)
     applied = speculative.apply(model, spec, tp, draft)
     planned = model if ignore_draft else applied["model"]
-    layout = tune.kv_layout(planned, tp, block, case["kv_cache_dtype"], 2,
+    layout = kv_memory.kv_layout(planned, tp, block, case["kv_cache_dtype"], 2,
                             async_sched=applied["summary"]["async_scheduling"])
     avail = case["available_bytes"]
-    num_blocks, _ = tune.kv_tokens_from_bytes(layout, avail)
+    num_blocks, _ = kv_memory.kv_tokens_from_bytes(layout, avail)
     derived = RECORDED["models"][key]["derived_max_model_len"]
     if "kv_cache_groups" in layout:
         groups = [(g["kind"], g["layers"], g["block_size"], g["page_bytes"])
@@ -67,15 +68,15 @@ def tuner_numbers(key, case, ignore_draft=False):
     else:
         groups = [(kind, layout["group_size"], block, layout["bytes_per_block"])
                   for kind in layout["groups"]]
-    concurrency = tune.max_concurrency(layout, num_blocks, length, MNBT)
+    concurrency = kv_memory.max_concurrency(layout, num_blocks, length, MNBT)
     return {
         "groups": groups,
         "bytes_per_block": layout["bytes_per_block"],
         "num_blocks": num_blocks,
-        "blocks_per_request": tune._blocks_per_request(layout, length, MNBT),
+        "blocks_per_request": kv_memory.blocks_per_request(layout, length, MNBT),
         "max_concurrency": concurrency,
-        "kv_cache_size_tokens": tune.kv_cache_size_tokens(concurrency, length),
-        "estimated_max_model_len": tune.max_fitting_len(layout, avail, derived, MNBT),
+        "kv_cache_size_tokens": kv_memory.kv_cache_size_tokens(concurrency, length),
+        "estimated_max_model_len": kv_memory.max_fitting_len(layout, avail, derived, MNBT),
         "async_scheduling": applied["summary"]["async_scheduling"],
         "draft_layers": applied["summary"]["draft_layers"],
     }

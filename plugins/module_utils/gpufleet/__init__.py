@@ -7,7 +7,11 @@ path, so `from gpufleet import tune` works without Ansible). One file per subjec
 GPUs and the host stack
   arch             the one compute capability -> architecture table and its parser
   gpu              GPU facts: NVML, `nvidia-smi -q -x`, the PCI bus; product tables
-  cuda             driver / CUDA / architecture / image compatibility (NVIDIA_REQUIRE_CUDA)
+  cuda             can this host run that image: the verdict of cuda_compat (check)
+  cuda_versions    NVIDIA's driver / CUDA / architecture tables and their version parsers
+  require_cuda     an image's NVIDIA_REQUIRE_CUDA as libnvidia-container evaluates it; its
+                   CUDA version and kernel architectures from its labels
+  compat_libs      the image's CUDA forward-compat libcuda and whether the toolkit loads it
   hoststack        NVIDIA repositories, driver packages and versions, per distribution
   hoststate        a host's state record: is it exactly as its last full site.yml run left it
 
@@ -21,11 +25,22 @@ Models and their weights
   fetch_wait       the model fetch wait's options and progress line
 
 Tuning vLLM
-  model            a model's description (layers, heads, KV layout) from its config.json
-  tune             the memory arithmetic and the planner behind vllm_tune
+  model            a model's description (layers, heads, KV layout) from its folder or its
+                   config.json; the weights' bytes from safetensors headers
+  model_families   what each family's config means for its KV cache: the tables keyed by
+                   model_type and FAMILY_RULES, the per-family rules describe_config applies
+  model_fields     a model description's errors and the checks of one config field
+  tune             the planner behind vllm_tune: settings, checks, reasons, `vllm serve` args
+  tune_errors      the tuner's errors (TuneError, NoFitError)
+  kv_memory        the KV cache as vLLM lays it out: pages, blocks, tokens, concurrency,
+                   pipeline stages
+  kv_log           what vLLM's start-up log says about the KV cache, against a prediction
+  serve_dtype      the dtypes vLLM serves with on a GPU: weights (--dtype), KV cache, quantization
+  vllm_flags       vLLM flags and defaults that depend on its version; version comparison
   deepseek_v4      DeepSeek-V4's KV cache as vLLM 0.32.0 plans it
   speculative      speculative decoding (EAGLE, MTP, n-gram) as vLLM 0.32.0 sizes it
-  engine_args      every `vllm serve` argument, classified (read, refused, passed through)
+  engine_args      every `vllm serve` argument, classified (read, refused, passed through);
+                   a model entry's extra_args checked (secrets, --trust-remote-code)
 
 Serving, the gateway, rollouts
   serve            containers to run, the readiness gate, log diagnosis, the instance list

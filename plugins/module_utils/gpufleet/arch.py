@@ -1,8 +1,8 @@
 """GPU architectures: the one compute-capability table and the one parser.
 
-Plain data in, plain data out; no Ansible imports. gpu.py, cuda.py, hoststack.py and
-tune.py take every architecture fact from here, so a new GPU generation is added in
-one place. An unknown or malformed compute capability is an ArchError (a ValueError)
+Plain data in, plain data out; no Ansible imports. gpu.py, cuda_versions.py, cuda.py,
+hoststack.py and tune.py take every architecture fact from here, so a new GPU
+generation is added in one place. An unknown or malformed compute capability is an ArchError (a ValueError)
 that says what to pass or where to add it.
 
 Sources:

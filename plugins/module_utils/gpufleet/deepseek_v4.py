@@ -35,8 +35,8 @@ these files (paths under vllm/):
   _estimate_max_model_len_from_groups.
 - config/vllm.py max_in_flight_tokens: 2 x max_num_batched_tokens with async
   scheduling, vLLM's default for a generative model on a GPU. The rule is shared
-  with every family that has sliding-window layers: gpufleet.tune.in_flight_tokens
-  works the number out, and gpufleet.tune._blocks_per_request counts each group's
+  with every family that has sliding-window layers: gpufleet.kv_memory.in_flight_tokens
+  works the number out, and gpufleet.kv_memory.blocks_per_request counts each group's
   blocks from this layout's "kv_cache_groups".
 
 tests/differential/deepseek_v4_vllm.py runs those functions in the image;

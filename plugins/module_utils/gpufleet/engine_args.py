@@ -34,8 +34,12 @@ from __future__ import annotations
 
 import json
 
+from . import model_lock, vllm_flags
+from .tune_errors import TuneError
+
 __all__ = ["TUNED", "SERVER", "NOT_MODELLED", "READ", "PASSED", "CLASSES", "HF_OVERRIDES_ALLOWED",
-           "classify", "refusal", "flag_of", "hf_overrides_refusal", "first_refusal"]
+           "classify", "refusal", "flag_of", "hf_overrides_refusal", "first_refusal",
+           "SECRET_FLAGS", "check_extra_args", "models_with_secret_args"]
 
 # flag -> the vllm_tune option (or what) sets it
 TUNED = {
@@ -440,3 +444,143 @@ def first_refusal(args):
         if why:
             return why
     return None
+
+
+# ---------------------------------------------------------------------------
+# A model entry's extra_args, checked before the tuner plans with them
+# ---------------------------------------------------------------------------
+
+# Flags whose value is a secret: on a command line it shows in `ps`, `docker inspect`, the
+# module's output and logs. vllm_server gives vLLM its keys in a root-only file named by
+# --config (serve.AUTH_MOUNT, docs/security.md).
+SECRET_FLAGS = ("--api-key",)
+
+
+def check_extra_args(extra_args):
+    """Refuse a secret given in extra_args (`--api-key KEY`, `--api-key=KEY`); the
+    message never holds the value. Returns the arguments as strings."""
+    if extra_args is None:
+        return []
+    if isinstance(extra_args, (str, bytes)) or not isinstance(extra_args, (list, tuple)):
+        raise TuneError("extra_args must be a list of strings, e.g. "
+                        "[--enable-auto-tool-choice, --tool-call-parser, hermes]")
+    out = [str(arg) for arg in extra_args]
+    for arg in out:
+        flag = arg.split("=", 1)[0]
+        if flag in SECRET_FLAGS:
+            raise TuneError(f"extra_args holds {flag}: an API key there would be on the "
+                            "container's command line and in the module's output. Remove "
+                            "it and set vllm_server_api_key (from a vault) instead: "
+                            "vllm_server gives it to vLLM in a root-only file.")
+    # every `vllm serve` argument is classified (the tables above, issue #34 item 1): one the
+    # tuner or vllm_server sets, or whose memory the tuner does not model, is refused
+    why = first_refusal(out)
+    if why:
+        raise TuneError(why)
+    return out
+
+
+def extra_toggle(extra_args, name, default):
+    """The last of --NAME / --no-NAME in extra_args (argparse's BooleanOptionalAction:
+    the last one wins), else `default`."""
+    value = default
+    for arg in extra_args:
+        if arg == f"--{name}":
+            value = True
+        elif arg == f"--no-{name}":
+            value = False
+    return value
+
+
+def check_remote_config(model, extra_args, reasons):
+    """A config class only the checkpoint's own code defines
+    (model_families.REMOTE_CONFIG_MODEL_TYPES) loads in vLLM only with
+    --trust-remote-code: refuse the plan unless extra_args says
+    so, rather than let the container fail at start. gpufleet never adds the flag itself:
+    it runs the repository's Python."""
+    remote = model.get("remote_config_class")
+    if not remote:
+        return
+    if "--trust-remote-code" not in extra_args:
+        raise TuneError(
+            f"config.json names a config class that neither transformers nor vLLM has, "
+            f"the repository's own ({remote}), which vLLM "
+            "loads only with --trust-remote-code, running that repository's Python "
+            "(otherwise it stops with 'Failed to load the model config'). If you trust "
+            "the repository, pin its revision and add --trust-remote-code to extra_args.")
+    reasons.append(f"--trust-remote-code (extra_args): vLLM runs the repository's config "
+                   f"class {remote}.")
+
+
+def check_trust_remote_code(model, extra_args, lock, reasons):
+    """--trust-remote-code runs the repository's Python in the container: refused unless
+    the model's lock (model_lock, written on the control node from a trusted source) pins
+    every *.py file the model has (the folder's, and every module auto_map names) with
+    the sha256 the folder holds, and auto_map names no other repository's code."""
+    if not extra_toggle(extra_args, "trust-remote-code", False):
+        return
+    if lock is None:
+        raise TuneError(
+            "extra_args holds --trust-remote-code, which runs the repository's Python in "
+            "the container: give the model's lock (lock: the lock playbooks/model_lock.yml "
+            "wrote on the control node), which must pin every *.py file of the model, so "
+            "that no mirror or path can change that code.")
+    try:
+        lock = model_lock.parse_lock(lock)
+    except model_lock.LockError as exc:
+        raise TuneError(f"lock: {exc}") from None
+    files = model.get("python_files") or {}
+    unpinned = model_lock.unpinned_python(lock, files)
+    if unpinned:
+        raise TuneError(
+            f"--trust-remote-code refused: the lock of {lock.repo_id} does not pin "
+            f"{', '.join(unpinned)} (a Python file the model has or its config.json's "
+            "auto_map names), so nothing vouches for the code vLLM would run. Write the lock "
+            "from the whole repository (playbooks/model_lock.yml) and fetch with it.")
+    for path, digest in sorted(files.items()):
+        if digest is not None and digest != lock.files[path]:
+            raise TuneError(
+                f"--trust-remote-code refused: {path}: the lock pins sha256 "
+                f"{lock.files[path]}, the model folder holds sha256 {digest}. Fetch the "
+                "model again with its lock (model_fetch).")
+    repos = model.get("remote_code_repos") or []
+    if repos:
+        raise TuneError(
+            f"--trust-remote-code refused: config.json's auto_map names code of another "
+            f"repository ({', '.join(repos)}), which the lock of {lock.repo_id} cannot pin.")
+    pinned = model_lock.python_files(files)
+    reasons.append(f"--trust-remote-code: the lock of {lock.repo_id}@{lock.commit[:12]} pins "
+                   f"the model's {len(pinned)} Python file(s)"
+                   + (f" ({', '.join(pinned)})." if pinned else "."))
+
+
+def models_with_secret_args(models):
+    """Names of the model entries whose extra_args check_extra_args refuses: vllm_server
+    asks before any module sees the entries (a module's loop item is printed at -vvv)."""
+    names = []
+    for entry in models or []:
+        try:
+            check_extra_args((entry or {}).get("extra_args"))
+        except TuneError:
+            names.append(str((entry or {}).get("name", "?")))
+    return names
+
+
+def translate_extra_args(extra_args, version, reasons):
+    out = []
+    for arg in extra_args:
+        arg = str(arg)
+        for change in vllm_flags.FLAG_CHANGES:
+            old, new = change["old"], change["new"]
+            if not isinstance(old, list) or len(old) != 1 or len(new) != 1:
+                continue
+            if vllm_flags.version_at_least(version, change["since"]) and arg == old[0]:
+                reasons.append(f"extra_args: {old[0]} became {new[0]} in vLLM "
+                               f"{change['since']}; rewritten for {version}.")
+                arg = new[0]
+            elif not vllm_flags.version_at_least(version, change["since"]) and arg == new[0]:
+                reasons.append(f"extra_args: {new[0]} does not exist before vLLM "
+                               f"{change['since']}; rewritten to {old[0]}.")
+                arg = old[0]
+        out.append(arg)
+    return out

@@ -2,7 +2,7 @@
 
 Plain data in, plain data out, no Ansible. Used by plugins/modules/nvidia_driver_plan.py and
 plugins/modules/nvidia_repo_info.py (roles nvidia_driver, cuda_toolkit, container_toolkit).
-Driver-branch tables live in gpufleet.cuda, architecture facts in gpufleet.arch; both
+Driver-branch tables live in gpufleet.cuda_versions, architecture facts in gpufleet.arch; both
 are imported, not copied.
 
 Sources:
@@ -33,7 +33,7 @@ import tempfile
 # Ansible ships the siblings too).
 from . import bounded
 from .arch import ArchError, architecture_facts
-from .cuda import DRIVER_BRANCHES, branch_supports_architecture, parse_driver_version
+from .cuda_versions import DRIVER_BRANCHES, branch_supports_architecture, parse_driver_version
 
 CUDA_REPO_BASE = "https://developer.download.nvidia.com/compute/cuda/repos"
 CTK_REPO_BASE = "https://nvidia.github.io/libnvidia-container/stable"
@@ -374,7 +374,7 @@ def upstream_version(version):
 # ---------------------------------------------------------------------------------------
 
 # The branches the driver role installs: those of CUDA 11 and later. The older rows of
-# cuda.DRIVER_BRANCHES give verdicts for hosts that still run them, not install targets.
+# cuda_versions.DRIVER_BRANCHES give verdicts for hosts that still run them, not install targets.
 INSTALLABLE_BRANCHES = tuple(b for b in sorted(DRIVER_BRANCHES) if b >= 450)
 
 

@@ -1,9 +1,11 @@
-"""Memory math and the planner behind the `vllm_tune` module.
+"""The planner behind the `vllm_tune` module.
 
 Plain data in, plain data out; no Ansible imports. `plan()` takes a model
 description (gpufleet.model.describe_*) and the host's GPUs (the list
 `ansible_facts.gpu.devices`) and returns the `vllm serve` arguments, each chosen
-setting, a prediction of the KV cache, and one reason per decision.
+setting, a prediction of the KV cache, and one reason per decision. The KV cache
+arithmetic it plans with is gpufleet.kv_memory; its errors are gpufleet.tune_errors'
+(named here in __all__, the entry point callers import them from).
 
 Every rule that mirrors vLLM names the file it comes from (vllm-project/vllm, read
 at commits 001cabc1 for vllm/v1/*, 002f10e0 for vllm/config/cache.py, 0012cf69 for
@@ -36,26 +38,15 @@ vllm/v1/worker/gpu_worker.py):
 """
 from __future__ import annotations
 
-import math
-import re
-
-from . import deepseek_v4, engine_args, model_lock, speculative
-from .arch import ARCHITECTURES, ArchError, architecture, parse_compute_capability
+from . import deepseek_v4, engine_args, kv_memory, serve_dtype, speculative, vllm_flags
+from .arch import ArchError, architecture, parse_compute_capability
+from .tune_errors import NoFitError, TuneError
 
 __all__ = [
     "NoFitError",
     "TuneError",
     "DEFAULT_VLLM_VERSION",
-    "FLAG_CHANGES",
-    "default_gpu_memory_utilization",
     "estimate_overhead_bytes",
-    "async_scheduling",
-    "in_flight_tokens",
-    "kv_layout",
-    "kv_tokens_from_bytes",
-    "kv_cache_size_tokens",
-    "compare_with_log",
-    "parse_kv_cache_log",
     "plan",
     "tp_problem",
 ]
@@ -72,46 +63,6 @@ CPU_BLOCK_SIZE = 128
 # Blackwell: 128), per shared/notes/vllm-hf-facts.md.
 MLA_BLOCK_SIZE = {9: 64, 10: 128}
 
-# Flag renames and defaults that depend on the vLLM version. `since` is the first
-# release with the new behaviour.
-FLAG_CHANGES = [
-    {"name": "runner_convert", "since": "0.10.1",
-     "new": ["--runner", "pooling", "--convert", "embed"], "old": ["--task", "embed"],
-     "source": "vllm-project/vllm PR #21470 (merged 2025-07-24) replaced --task with "
-               "--runner/--convert; --task was then removed"},
-    {"name": "no_enable_log_requests", "since": "0.10.2",
-     "new": ["--no-enable-log-requests"], "old": ["--disable-log-requests"],
-     "source": "vllm/engine/arg_utils.py (enable_log_requests); version from "
-               "shared/notes/vllm-hf-facts.md, not checked against a release tag"},
-    {"name": "kv_cache_memory_bytes", "since": "0.11.0",
-     "new": ["--kv-cache-memory-bytes"], "old": None,
-     "source": "vllm/config/cache.py CacheConfig.kv_cache_memory_bytes; first release "
-               "not checked against a tag"},
-    {"name": "gpu_memory_utilization_default", "since": "0.21.0", "new": 0.92, "old": 0.9,
-     "source": "vllm/config/cache.py: gpu_memory_utilization Field(default=0.92) at "
-               "commit 002f10e0; 0.9 in earlier releases (version from the notes)"},
-]
-# Minimum compute capability per weight quantization method, get_min_capability() in
-# vllm/model_executor/layers/quantization/<method>.py. awq (75, "Turing or newer",
-# activations torch.half only) was read at commit 000796ac; gptq (60) and fp8 (80, with
-# a weight-only Marlin path below 8.9 per shared/notes/gpu-cuda-facts.md) were not
-# re-read there.
-QUANT_MIN_CAPABILITY = {"awq": (7, 5), "gptq": (6, 0), "fp8": (8, 0)}
-# Below 8.9 there is no FP8 hardware: vLLM runs FP8 weights weight-only (Marlin).
-# Which GPUs have FP8 units (and bf16) is gpufleet.arch's `fp8` (`bf16`) column.
-# V1 attention backends reject an fp8 KV cache below SM89 (vllm-project/vllm issues
-# #26431 on an RTX 3090 with v0.11: "type fp8e4nv not supported in this architecture";
-# #47549 on SM75 with v0.24: "FP8 KV cache is not supported by the Triton attention
-# backend ... native FP8 (fp8e4nv) requires SM89+"). The V0 engine (default before
-# 0.8.0) stored fp8 and converted in its kernels with no hardware support (#4827).
-V1_DEFAULT_SINCE = "0.8.0"
-FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
-# vLLM 0.32.0 config/model.py:2381-2386 _FLOAT16_NOT_SUPPORTED_MODELS: model types it
-# refuses to run in float16 ("Numerical instability"); --dtype auto then skips float16,
-# so a Turing GPU serves them in float32 (_resolve_auto_dtype).
-FLOAT16_REFUSED_MODEL_TYPES = ("gemma2", "gemma3", "gemma3_text", "glm4")
-KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2,
-                  "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": None}
 # Hardware defaults of the API server (vllm/engine/arg_utils.py
 # _set_default_max_num_seqs_and_batched_tokens_args): GPUs with >= 70 GiB, except
 # A100, get 8192 batched tokens and 1024 sequences; others 2048 and 256.
@@ -130,52 +81,6 @@ NON_TORCH_BYTES = int(0.75 * GiB)
 # which predicted 5 % more KV cache than vLLM found.
 NCCL_BYTES = int(1.75 * GiB)
 CUDA_GRAPH_BYTES = int(0.5 * GiB)
-# The tokens a sliding-window group reserves for work in flight, vLLM 0.32.0's rule for
-# every family (vllm/config/vllm.py): VllmConfig.max_in_flight_tokens =
-# max_concurrent_batches x max_num_batched_tokens, and max_concurrent_batches is 2 with
-# async scheduling at pipeline size 1 (pp_size + 1 on the V2 model runner, 2 on V1),
-# else the pipeline size (in_flight_tokens: pp + 1 with async scheduling at pp > 1, as on
-# the V2 runner vLLM picks on CUDA; tests/differential/pp_vllm.py). Async scheduling
-# (SchedulerConfig.async_scheduling, None unless --async-scheduling or
-# --no-async-scheduling) is switched on by VllmConfig.__post_init__ unless the model is
-# a pooling model (or speculative decoding of a non-EAGLE kind, an executor without it,
-# pipeline parallelism on the V1 runner); vllm/platforms/cpu.py
-# CpuPlatform.check_and_update_config then sets it False on the CPU backend (after
-# __post_init__'s choice: "the platform hook has the last word on async scheduling").
-ASYNC_CONCURRENT_BATCHES = 2
-
-
-class TuneError(ValueError):
-    """Bad input to the planner: says what was wrong and what to do."""
-
-
-class NoFitError(TuneError):
-    """Nothing fits; carries the nearest settings that would."""
-
-    def __init__(self, message, nearest, result):
-        super().__init__(message)
-        self.nearest = nearest
-        self.result = result
-
-
-def parse_version(text):
-    parts = re.findall(r"\d+", str(text))[:3]
-    if not parts:
-        raise TuneError(f"vllm_version {text!r} is not a version like 0.32.0")
-    return tuple(int(p) for p in parts + ["0"] * (3 - len(parts)))
-
-
-def version_at_least(version, since):
-    return parse_version(version) >= parse_version(since)
-
-
-def _change(name):
-    return next(c for c in FLAG_CHANGES if c["name"] == name)
-
-
-def default_gpu_memory_utilization(version):
-    change = _change("gpu_memory_utilization_default")
-    return change["new"] if version_at_least(version, change["since"]) else change["old"]
 
 
 def _capability(text):
@@ -186,426 +91,6 @@ def _capability(text):
     except ArchError as exc:
         raise TuneError(f"compute_capability: {exc}") from None
     return cc
-
-
-def _has(cc, feature):
-    """gpufleet.arch's `bf16` / `fp8` column for a (known) compute capability."""
-    return ARCHITECTURES[architecture(cc)][feature]
-
-
-# ---------------------------------------------------------------------------
-# KV cache layout and arithmetic
-# ---------------------------------------------------------------------------
-
-def _kv_element_bytes(kv_cache_dtype, dtype_bytes):
-    if kv_cache_dtype not in KV_DTYPE_BYTES:
-        raise TuneError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of "
-                        f"{', '.join(k for k in KV_DTYPE_BYTES)}")
-    return KV_DTYPE_BYTES[kv_cache_dtype] or dtype_bytes
-
-
-def async_scheduling(cpu, pooling, extra_args=()):
-    """Whether vLLM 0.32 schedules asynchronously here (see ASYNC_CONCURRENT_BATCHES):
-    never on the CPU backend; else as extra_args' --async-scheduling /
-    --no-async-scheduling say, and by default for a generative model, not a pooling one."""
-    if cpu:
-        return False
-    args = [str(arg) for arg in extra_args or ()]
-    if "--no-async-scheduling" in args:
-        return False
-    return "--async-scheduling" in args or not pooling
-
-
-def in_flight_tokens(layout, max_num_batched_tokens):
-    """VllmConfig.max_in_flight_tokens for the target the layout was built for: the
-    tokens each sliding-window group holds beyond window - 1 (SlidingWindowSpec.
-    max_admission_blocks_per_request). 2 x max_num_batched_tokens with async
-    scheduling (a generative model on a GPU), 1 x without (the CPU backend, pooling
-    models). The one rule for every family, DeepSeek-V4's included."""
-    pp = layout.get("pipeline_parallel_size", 1)
-    if pp > 1:
-        # VllmConfig.max_concurrent_batches: pp_size + 1 with async scheduling on the V2
-        # model runner (vLLM 0.32.0's default on CUDA, which it keeps for pipeline
-        # parallelism with async scheduling), pp_size without async scheduling.
-        batches = pp + 1 if layout["async_scheduling"] else pp
-    else:
-        batches = ASYNC_CONCURRENT_BATCHES if layout["async_scheduling"] else 1
-    return batches * max_num_batched_tokens
-
-
-def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
-              async_sched=True):
-    """How vLLM lays out this model's KV cache on one GPU (or the CPU backend).
-
-    Returns {"per_token_layer_bytes", "page_bytes", "group_size", "groups",
-    "bytes_per_block", "block_size", "sliding_window", "num_layers",
-    "async_scheduling"}; `groups` lists one attention kind ("full" / "sliding") per KV
-    cache group, `bytes_per_block` is what one block of the shared pool takes,
-    `async_scheduling` (async_scheduling(); True, vLLM's default for a generative model
-    on a GPU, unless told) decides in_flight_tokens(). An encoder-only model has no
-    groups. Layouts whose groups differ in block size add "kv_cache_groups" (each
-    group's kind, block size, window, layers and bytes per block): DeepSeek-V4
-    (gpufleet.deepseek_v4) and layer kinds with pages of different sizes (Gemma 4,
-    _unified_page_layout).
-    """
-    num_layers = model["num_layers"]
-    if model.get("kv_cache_dtype_ignored"):
-        # the model file builds its layers without cache_config: "auto" whatever the
-        # flag says (model.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES)
-        kv_cache_dtype = "auto"
-    if model["attention"] == "encoder_only":
-        return {"per_token_layer_bytes": 0, "page_bytes": 0, "group_size": 0,
-                "groups": [], "bytes_per_block": 0, "block_size": block_size,
-                "sliding_window": None, "num_layers": num_layers,
-                "async_scheduling": async_sched}
-    if model["attention"] == "deepseek_v4":
-        try:
-            layout = deepseek_v4.kv_layout(model, block_size, kv_cache_dtype)
-        except deepseek_v4.DeepseekV4Error as exc:
-            raise TuneError(str(exc)) from None
-        layout["async_scheduling"] = async_sched
-        return layout
-    if model["attention"] == "mla":
-        # MLAAttentionSpec: one latent (kv_lora_rank + qk_rope_head_dim) per token per
-        # layer, num_kv_heads 1, not sharded by tensor parallelism.
-        if kv_cache_dtype == "fp8_ds_mla":
-            per_token = 656
-        else:
-            head = int(model["kv_lora_rank"]) + int(model["qk_rope_head_dim"] or 0)
-            per_token = head * _kv_element_bytes(kv_cache_dtype, dtype_bytes)
-    else:
-        if kv_cache_dtype == "fp8_ds_mla":
-            raise TuneError("kv_cache_dtype fp8_ds_mla applies to MLA models only")
-        element = _kv_element_bytes(kv_cache_dtype, dtype_bytes)
-        per_token = _attention_token_bytes(model["num_kv_heads"], model["head_size"], tp,
-                                           element)
-    counts = {}
-    for kind in model["layer_kinds"]:
-        counts[kind] = counts.get(kind, 0) + 1
-    if model.get("kind_heads"):
-        kind_bytes = {kind: _attention_token_bytes(h["num_kv_heads"], h["head_size"], tp,
-                                                   element)
-                      for kind, h in model["kind_heads"].items()}
-        if len(set(kind_bytes.values())) > 1:
-            return _unified_page_layout(model, counts, kind_bytes, block_size,
-                                        async_sched)
-        per_token = next(iter(kind_bytes.values()))
-    group_size = _group_size(counts)
-    groups = []
-    for kind, count in counts.items():
-        groups += [kind] * math.ceil(count / group_size)
-    return {"per_token_layer_bytes": per_token, "page_bytes": per_token * block_size,
-            "group_size": group_size, "groups": groups,
-            "bytes_per_block": per_token * block_size * group_size,
-            "block_size": block_size, "sliding_window": model.get("sliding_window"),
-            "num_layers": num_layers, "async_scheduling": async_sched}
-
-
-def _attention_token_bytes(num_kv_heads, head_size, tp, element_bytes):
-    """One token's K and V in one layer on one GPU (AttentionSpec.page_size_bytes /
-    block_size); get_num_kv_heads: heads are replicated when kv heads < tp (1 per
-    GPU)."""
-    return 2 * max(1, num_kv_heads // tp) * head_size * element_bytes
-
-
-def _group_size(counts):
-    """Layers per KV cache group, from the layer count of each kind
-    (_get_kv_cache_groups_uniform_page_size): the smallest count, or the largest when
-    it is under 1.5x the smallest (one kind: all its layers)."""
-    smallest, largest = min(counts.values()), max(counts.values())
-    return largest if largest < smallest * 1.5 else smallest
-
-
-def _group_split(count, group_size):
-    """Layers per group of a bucket of `count` layers (_get_kv_cache_groups_uniform_
-    page_size: cdiv(count, group_size) groups, group i takes layers[i::groups])."""
-    groups = math.ceil(count / group_size)
-    return [len(range(i, count, groups)) for i in range(groups)]
-
-
-def _unified_page_layout(model, counts, kind_bytes, block_size, async_sched):
-    """The layout of layer kinds whose pages differ in size (Gemma 4: 8 KV heads x 256
-    sliding, 2 x 512 full), on a layout that is not block-outermost, which the backends
-    vLLM picks for it resolve (kv_cache_utils.get_kv_cache_groups: no packed groups, so
-    unify_kv_cache_spec_page_size, then _get_kv_cache_groups_uniform_page_size).
-
-    The largest page stays; a smaller one that divides it takes a block size that many
-    times larger (same page bytes, more tokens), one that does not divide it is padded
-    to it. The layers are then grouped by spec (_group_size), and every layer of every
-    group holds one page per block."""
-    pages = {kind: kind_bytes[kind] * block_size for kind in counts}
-    top = max(pages.values())
-    group_size = _group_size(counts)
-    groups = []
-    for kind, count in counts.items():
-        block = block_size * (top // pages[kind]) if top % pages[kind] == 0 else block_size
-        for layers in _group_split(count, group_size):
-            groups.append({"kind": kind, "block_size": block,
-                           "sliding_window": model["sliding_window"]
-                           if kind == "sliding" else None,
-                           "layers": layers, "page_bytes": top * layers})
-    bytes_per_block = max(g["page_bytes"] for g in groups)
-    # What one more token of context costs the pool: a block of every full-attention
-    # group per its block size (the sliding groups stop growing past the window).
-    per_token = sum(bytes_per_block / g["block_size"] for g in groups
-                    if g["kind"] == "full")
-    return {"per_token_layer_bytes": per_token / model["num_layers"], "page_bytes": top,
-            "group_size": group_size, "groups": [g["kind"] for g in groups],
-            "kv_cache_groups": groups, "bytes_per_block": bytes_per_block,
-            "block_size": block_size, "sliding_window": model.get("sliding_window"),
-            "num_layers": model["num_layers"], "async_scheduling": async_sched,
-            "kind_page_bytes": pages}
-
-
-def _group_blocks(group, in_flight, model_len=None):
-    """Blocks one request holds in one KV cache group (get_max_concurrency_for_kv_cache_
-    config): FullAttentionSpec cdiv(len, block); SlidingWindowSpec.
-    max_admission_blocks_per_request cdiv(min(window - 1 + in-flight tokens, len),
-    block) + 1. model_len None: a request past the window (sliding groups only)."""
-    if group["kind"] != "sliding":
-        return math.ceil(model_len / group["block_size"])
-    tokens = group["sliding_window"] - 1 + in_flight
-    if model_len is not None:
-        tokens = min(tokens, model_len)
-    return math.ceil(tokens / group["block_size"]) + 1
-
-
-def fixed_blocks_per_request(layout, in_flight):
-    """The blocks a request holds whatever its length, once it passes window +
-    in-flight tokens: its sliding-window groups' (and DeepSeek-V4's compressor-state
-    groups'). Layouts with "kv_cache_groups" only."""
-    return sum(_group_blocks(g, in_flight) for g in layout["kv_cache_groups"]
-               if g["kind"] == "sliding")
-
-
-def _blocks_per_request(layout, model_len, max_num_batched_tokens):
-    """Blocks one request of model_len tokens holds, summed over groups
-    (_group_blocks), each group at its own block size when the layout lists them
-    ("kv_cache_groups"), else at the layout's."""
-    in_flight = in_flight_tokens(layout, max_num_batched_tokens)
-    groups = layout.get("kv_cache_groups") or [
-        {"kind": kind, "block_size": layout["block_size"],
-         "sliding_window": layout["sliding_window"]} for kind in layout["groups"]]
-    return sum(_group_blocks(g, in_flight, model_len) for g in groups)
-
-
-def kv_tokens_from_bytes(layout, kv_cache_bytes):
-    """(num_blocks, token slots) as vLLM computes them for a KV budget. The slots are
-    what older vLLM logged (num_blocks // groups * block_size); vLLM 0.32 logs
-    kv_cache_size_tokens() instead.
-
-    A model without KV cache groups (encoder-only) has no blocks: (0, None)."""
-    if not layout["groups"]:
-        return 0, None
-    num_blocks = max(0, int(kv_cache_bytes) // layout["bytes_per_block"])
-    if "kv_cache_groups" in layout:
-        # Groups of different block sizes share the pool: no single slot count.
-        return num_blocks, None
-    tokens = num_blocks // len(layout["groups"]) * layout["block_size"]
-    return num_blocks, tokens
-
-
-def max_concurrency(layout, num_blocks, model_len, max_num_batched_tokens):
-    """get_max_concurrency_for_kv_cache_config: requests of model_len tokens at once."""
-    if not layout["groups"]:
-        return None
-    return num_blocks / _blocks_per_request(layout, model_len, max_num_batched_tokens)
-
-
-def kv_cache_size_tokens(concurrency, model_len):
-    """The "KV cache size: N tokens" vLLM 0.32 logs (get_kv_cache_capacity):
-    int(max_concurrency * max_model_len). With max_model_len 200 and 256 blocks of 128
-    it is 25,600, not the 32,768 token slots (measured, docs/lab-vllm.md)."""
-    if concurrency is None:
-        return None
-    return int(concurrency * model_len)
-
-
-def max_fitting_len(layout, kv_cache_bytes, limit, max_num_batched_tokens, requests=1):
-    """Largest model length (<= limit) whose `requests` full-length requests fit
-    (estimate_max_model_len's binary search). 0 when not even one token fits."""
-    if not layout["groups"]:
-        return limit
-    num_blocks, _tokens = kv_tokens_from_bytes(layout, kv_cache_bytes)
-    # get_kv_cache_configs (vllm/v1/core/kv_cache_utils.py) plans auto-fit and the
-    # "To serve at least one request" check against the memory left after the null
-    # block the BlockPool holds back (check_memory = available - _pool_bytes_per_block),
-    # for every model with KV cache groups. The pool itself is still sized from all
-    # the memory: num_blocks, the logged token count and concurrency keep that block.
-    num_blocks -= 1
-
-    def fits(length):
-        return requests * _blocks_per_request(layout, length, max_num_batched_tokens) \
-            <= num_blocks
-
-    if not fits(1):
-        return 0
-    low, high, best = 1, limit, 1
-    while low <= high:
-        mid = (low + high) // 2
-        if fits(mid):
-            best, low = mid, mid + 1
-        else:
-            high = mid - 1
-    return best
-
-
-# ---------------------------------------------------------------------------
-# Pipeline parallelism (one host: TP x PP GPUs)
-# ---------------------------------------------------------------------------
-
-def pp_layer_ranges(num_layers, pp):
-    """[start, end) of each pipeline stage's layers, as vLLM 0.32.0 splits them
-    (vllm/distributed/utils.py get_pp_indices without VLLM_PP_LAYER_PARTITION): each
-    stage takes num_layers // pp, and the remainder goes one each to the stages before
-    the last, from the second-to-last backwards."""
-    parts = [num_layers // pp] * pp
-    for i in range(2, num_layers % pp + 2):
-        parts[-i] += 1
-    ranges, start = [], 0
-    for count in parts:
-        ranges.append((start, start + count))
-        start += count
-    return ranges
-
-
-def pp_embedding_bytes(model, act_bytes):
-    """The bytes of one vocab x hidden matrix (the input embedding, or the lm_head),
-    in the served dtype; None when config.json lacks vocab_size or hidden_size."""
-    vocab, hidden = model.get("vocab_size"), model.get("hidden_size")
-    if not vocab or not hidden:
-        return None
-    return int(vocab) * int(hidden) * act_bytes
-
-
-def pp_stage_weights(model, weights, act_bytes, ranges):
-    """Weight bytes of each stage (all its GPUs together; divide by tp per GPU).
-
-    vLLM (model_executor/models/llama.py and the other SupportsPP models) builds
-    embed_tokens on the first stage and lm_head on the last (PPMissingLayer elsewhere);
-    with tie_word_embeddings the last stage builds embed_tokens too and ties lm_head to
-    it, so it holds one vocab x hidden matrix either way. The checkpoint holds one such
-    matrix when tied, two when not (config.json's tie_word_embeddings; transformers'
-    default, tied, when it is absent). The rest is spread evenly over the layers."""
-    embed = pp_embedding_bytes(model, act_bytes)
-    tied = model.get("tie_word_embeddings")
-    tied = True if tied is None else bool(tied)
-    body = max(0, weights - embed * (1 if tied else 2))
-    num_layers = model["num_layers"]
-    out = []
-    for stage, (start, end) in enumerate(ranges):
-        share = body * (end - start) // num_layers
-        ends = (stage == 0) + (stage == len(ranges) - 1)
-        if len(ranges) == 1:
-            ends = 1 if tied else 2
-        out.append(share + embed * ends)
-    return out
-
-
-def pp_stage_layout(layout, model, start, end):
-    """The layout of one stage: the model's KV cache groups (built from the whole
-    model's layers, get_kv_cache_configs) projected onto the stage's layers
-    (_project_kv_cache_groups_to_worker); its bytes per block is the largest group's
-    share of those layers times the page (_get_kv_cache_bytes_per_block). The groups,
-    and so the blocks one request takes, stay the whole model's."""
-    buckets = {}
-    for index, kind in enumerate(model["layer_kinds"]):
-        buckets.setdefault(kind, []).append(index)
-    widest = 0
-    for layers in buckets.values():
-        groups = math.ceil(len(layers) / layout["group_size"])
-        for i in range(groups):
-            widest = max(widest, sum(1 for x in layers[i::groups] if start <= x < end))
-    out = dict(layout, bytes_per_block=layout["page_bytes"] * widest,
-               stage_layers=[start, end])
-    return out
-
-
-def pp_stages(model, tp, pp, block_size, available, kv_cache_dtype="auto",
-              dtype_bytes=2, async_sched=True):
-    """vLLM's KV cache blocks per stage for `available` bytes per GPU on each stage
-    (a list, one per stage): [{"layers": [start, end], "bytes_per_block",
-    "num_blocks"}]. get_kv_cache_configs then gives every worker the smallest
-    num_blocks: the tightest stage decides."""
-    layout = pp_layout(model, tp, pp, block_size, kv_cache_dtype, dtype_bytes, async_sched)
-    out = []
-    for (start, end), avail in zip(pp_layer_ranges(model["num_layers"], pp), available):
-        stage = pp_stage_layout(layout, model, start, end)
-        out.append({"layers": [start, end], "bytes_per_block": stage["bytes_per_block"],
-                    "num_blocks": max(0, int(avail) // stage["bytes_per_block"])})
-    return out
-
-
-def pp_layout(model, tp, pp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
-              async_sched=True):
-    """kv_layout() of the whole model at pipeline size pp (its in-flight tokens
-    follow pp)."""
-    layout = kv_layout(model, tp, block_size, kv_cache_dtype, dtype_bytes, async_sched)
-    if pp > 1:
-        layout["pipeline_parallel_size"] = pp
-    return layout
-
-
-def pp_problem(model, pp):
-    """Why gpufleet does not plan this pipeline size for this model, or None."""
-    if pp == 1:
-        return None
-    if model["attention"] in ("deepseek_v4", "encoder_only"):
-        return (f"pipeline parallelism is not modelled for "
-                f"{'DeepSeek-V4' if model['attention'] == 'deepseek_v4' else 'an encoder-only model'}")
-    if model.get("kind_heads"):
-        return ("pipeline parallelism is not modelled for layer kinds with pages of two "
-                "sizes (Gemma 4)")
-    if model["kind"] == "pooling":
-        return "pipeline parallelism is not modelled for a pooling model"
-    if pp > model["num_layers"]:
-        return f"the model has {model['num_layers']} layers, fewer than {pp} stages"
-    if pp_embedding_bytes(model, 2) is None:
-        return ("config.json lacks vocab_size or hidden_size, from which the first and "
-                "last stages' embedding bytes are computed")
-    return None
-
-
-_KV_TOKENS_RE = re.compile(r"(?:\b(GPU|CPU|XPU|TPU)\s+)?KV cache size:\s*([\d,]+)\s+tokens")
-_CONCURRENCY_RE = re.compile(
-    r"Maximum concurrency for ([\d,]+) tokens per request:\s*([\d.]+)x")
-_AVAILABLE_RE = re.compile(r"Available KV cache memory:\s*([\d.]+)\s*GiB")
-
-
-def parse_kv_cache_log(text):
-    """Read vLLM's start-up log lines about the KV cache.
-
-    Returns {"kv_cache_tokens", "device", "max_model_len", "max_concurrency",
-    "available_kv_gib"} (values None when a line is absent); raises TuneError when
-    the log has no "KV cache size: N tokens" line.
-    """
-    match = _KV_TOKENS_RE.search(text)
-    if not match:
-        raise TuneError("no 'KV cache size: N tokens' line in the vLLM log")
-    out = {"kv_cache_tokens": int(match.group(2).replace(",", "")),
-           "device": match.group(1), "max_model_len": None, "max_concurrency": None,
-           "available_kv_gib": None}
-    conc = _CONCURRENCY_RE.search(text)
-    if conc:
-        out["max_model_len"] = int(conc.group(1).replace(",", ""))
-        out["max_concurrency"] = float(conc.group(2))
-    avail = _AVAILABLE_RE.search(text)
-    if avail:
-        out["available_kv_gib"] = float(avail.group(1))
-    return out
-
-
-def compare_with_log(predicted_tokens, log_text):
-    """Compare a predicted KV token count with a real vLLM start-up log.
-
-    Returns {"predicted", "observed", "relative_error"}; the error is
-    (predicted - observed) / observed.
-    """
-    observed = parse_kv_cache_log(log_text)["kv_cache_tokens"]
-    if observed == 0:
-        raise TuneError("the vLLM log reports a KV cache of 0 tokens")
-    return {"predicted": predicted_tokens, "observed": observed,
-            "relative_error": (predicted_tokens - observed) / observed}
 
 
 # ---------------------------------------------------------------------------
@@ -739,344 +224,6 @@ def _check_gpus(gpus):
     return out
 
 
-def _served_dtype(model, cc, requested, reasons, cpu):
-    """The --dtype to emit and its element size: what vLLM 0.32.0's --dtype auto picks
-    (config/model.py _resolve_auto_dtype), or the user's choice where vLLM accepts it."""
-    quant = (model.get("quantization") or {}).get("method")
-    model_type = model.get("model_type")
-    no_float16 = model_type in FLOAT16_REFUSED_MODEL_TYPES
-    if requested not in (None, "auto"):
-        if requested not in ("bfloat16", "float16", "float32"):
-            raise TuneError(f"dtype {requested!r} is not auto, bfloat16, float16 or "
-                            "float32")
-        if requested == "bfloat16" and cc is not None and not _has(cc, "bf16"):
-            raise TuneError(
-                f"dtype bfloat16 needs compute capability >= 8.0 and this GPU has "
-                f"{cc[0]}.{cc[1]} (gpu_worker.py _check_if_gpu_supports_dtype); use "
-                + ("float32" if no_float16 else "float16"))
-        if requested == "float16" and no_float16:
-            raise TuneError(
-                f"dtype float16: vLLM refuses float16 for model_type {model_type!r} "
-                "(config/model.py _FLOAT16_NOT_SUPPORTED_MODELS: numerical instability); "
-                "use bfloat16 (compute capability >= 8.0) or float32")
-        reasons.append(f"dtype {requested}: set by the user.")
-        return requested, 4 if requested == "float32" else 2
-    if quant in ("awq", "gptq") and no_float16:
-        # vLLM 0.32.0's AWQ/GPTQ kernels take float16 or bfloat16 activations
-        # (auto_awq.py / auto_gptq.py get_supported_act_dtypes), and these model types
-        # never run in float16: bfloat16, where the GPU has it.
-        if cpu or _has(cc, "bf16"):
-            reasons.append(f"dtype bfloat16: vLLM refuses float16 for model_type "
-                           f"{model_type!r} and its {quant.upper()} kernels take "
-                           "bfloat16 too.")
-            return "bfloat16", 2
-        raise TuneError(
-            f"a {quant.upper()} checkpoint of model_type {model_type!r} cannot be served on "
-            f"compute capability {cc[0]}.{cc[1]}: vLLM refuses float16 for it "
-            "(_FLOAT16_NOT_SUPPORTED_MODELS), the GPU has no bfloat16 (< 8.0), and the "
-            f"{quant.upper()} kernels take only 16-bit activations. Use a GPU of compute "
-            "capability >= 8.0, or an unquantized checkpoint (served in float32).")
-    if quant in ("awq", "gptq"):
-        reasons.append(f"dtype float16: {quant.upper()} kernels take float16 "
-                       "activations.")
-        return "float16", 2
-    if cpu:
-        reasons.append("dtype bfloat16: the CPU backend runs 16-bit models in bfloat16.")
-        return "bfloat16", 2
-    # _resolve_auto_dtype: the platform's dtypes (platforms/cuda.py supported_dtypes:
-    # bfloat16 from compute capability 8.0), less float16 for the model types vLLM
-    # refuses it for; a pooling model prefers float16, others the first.
-    supported = ["bfloat16", "float16", "float32"] if _has(cc, "bf16") else [
-        "float16", "float32"]
-    if no_float16:
-        supported.remove("float16")
-    preferred = "float16" if model["kind"] == "pooling" and "float16" in supported \
-        else supported[0]
-    wanted = model["torch_dtype"]
-    cc_text = f"compute capability {cc[0]}.{cc[1]}"
-    if wanted == "float32":
-        chosen = preferred
-        why = (f"the checkpoint is float32, which vLLM serves in its preferred "
-               f"{preferred} on {cc_text}"
-               + (" (float16 for a pooling model)" if model["kind"] == "pooling" else ""))
-    elif wanted in supported:
-        chosen = wanted
-        why = (f"the checkpoint is {wanted} and {cc_text} >= 8.0 supports bfloat16"
-               if wanted == "bfloat16" else f"the checkpoint is {wanted}")
-    else:
-        chosen = preferred
-        why = (f"{cc_text} < 8.0 has no bfloat16 (vLLM refuses it there)"
-               if wanted == "bfloat16" else
-               f"the checkpoint is {wanted}, which vLLM does not serve here")
-    if no_float16 and chosen != wanted:
-        why += (f"; vLLM refuses float16 for model_type {model_type!r} "
-                "(_FLOAT16_NOT_SUPPORTED_MODELS)")
-    reasons.append(f"dtype {chosen}: {why}.")
-    return chosen, 4 if chosen == "float32" else 2
-
-
-def _kv_dtype(requested, allow_fp8, cc, version, cpu, reasons):
-    if requested is None:
-        requested = "auto"
-    if requested not in KV_DTYPE_BYTES:
-        raise TuneError(f"kv_cache_dtype {requested!r} is not one of "
-                        f"{', '.join(KV_DTYPE_BYTES)}")
-    if requested in FP8_KV_DTYPES and not cpu and not _has(cc, "fp8"):
-        if version_at_least(version, V1_DEFAULT_SINCE):
-            raise TuneError(
-                f"kv_cache_dtype {requested} is refused on compute capability "
-                f"{cc[0]}.{cc[1]}: vLLM {version}'s V1 attention backends need SM 8.9+ "
-                "for an fp8 KV cache (vllm issues #26431, #47549). Use kv_cache_dtype "
-                "auto, or a GPU of compute capability 8.9 or newer.")
-        reasons.append(f"kv_cache_dtype {requested}: emulated on compute capability "
-                       f"{cc[0]}.{cc[1]} (vLLM {version} stores fp8 and converts in its "
-                       "kernels; half the KV memory, no speed-up; vllm issue #4827).")
-        return requested
-    if requested != "auto":
-        reasons.append(f"kv_cache_dtype {requested}: set by the user.")
-        return requested
-    if allow_fp8 and not cpu and _has(cc, "fp8"):
-        reasons.append(f"kv_cache_dtype fp8: allowed by the user and compute capability "
-                       f"{cc[0]}.{cc[1]} has native FP8; halves KV bytes per token.")
-        return "fp8"
-    if allow_fp8:
-        where = "the CPU target" if cpu else f"compute capability {cc[0]}.{cc[1]}"
-        reasons.append(f"kv_cache_dtype auto: fp8 is allowed but {where} has no native "
-                       "FP8 KV cache support.")
-    else:
-        reasons.append("kv_cache_dtype auto: the KV cache uses the model dtype "
-                       "(allow_fp8 is off).")
-    return "auto"
-
-
-def _check_per_kind_backend(model, hw, kv_dtype, requested, reasons):
-    """Layer kinds with pages of two sizes (Gemma 4) are modelled on the backends whose
-    block size and KV cache layout vLLM 0.32.0's own code fixes for them; refuse the
-    others, saying why.
-
-    vLLM picks Gemma 4's backend itself when its head sizes differ
-    (model_executor/models/config.py Gemma4Config): FlashAttention 4 on compute
-    capability 9.x/10.x/11.x where the wheel has it (per layer FA3/FA4 on 9.x with an
-    fp8 KV cache), else Triton; the CPU build always runs CPU_ATTN
-    (platforms/cpu.py:177-179). Returns the KV cache dtype: auto, not the fp8 that
-    allow_fp8 chose, where fp8 is not modelled."""
-    heads = model.get("kind_heads")
-    if not heads:
-        return kv_dtype
-    if hw["cpu"]:
-        reasons.append(
-            "Gemma 4 on vLLM's CPU backend: CPU_ATTN keeps the head-major LBHNC layout "
-            "(cpu_attn.py supported_kv_cache_layouts), which is not block-outermost: "
-            "where the two layer kinds' pages differ, vLLM unifies them at block size "
-            f"{hw['block_size']}.")
-        return kv_dtype
-    cc = hw["cc"]
-    where = f"compute capability {cc[0]}.{cc[1]}"
-    if len({h["head_size"] for h in heads.values()}) == 1:
-        raise TuneError(
-            "the layer kinds differ in KV heads but not in head size, so vLLM keeps its "
-            f"default attention backend on {where}, whose block size and KV cache layout "
-            "for two page sizes gpufleet has not checked; run vLLM once with "
-            "--kv-cache-memory-bytes and read its 'KV cache size' line instead.")
-    if cc[0] in (10, 11):
-        raise TuneError(
-            f"Gemma 4 on {where} (Blackwell data-center GPUs) is not modelled: vLLM runs "
-            "it on FlashAttention 4, whose head-size-256 kernel takes 128-token pages "
-            "(v1/attention/backends/fa_utils.py FA4_HD256_PAGE_SIZE) unless it falls "
-            "back to FlashAttention 2 (for the multimodal prefix among others, "
-            "_fa4_hd256_fallback_reason), so the block size depends on the build and "
-            "the request mix. Run vLLM once with --kv-cache-memory-bytes and read its "
-            "'KV cache size' line instead.")
-    if cc[0] == 9 and kv_dtype in FP8_KV_DTYPES and requested in (None, "auto"):
-        reasons.append(
-            f"kv_cache_dtype auto, not fp8: with an fp8 KV cache on {where} vLLM picks "
-            "FlashAttention 3 or 4 per Gemma 4 layer, and FA4's fp8 kernel for head "
-            "size 512 takes 64-token pages (flash_attn.py "
-            "_get_sm90_fa4_fp8_kv_block_size), which gpufleet does not model.")
-        kv_dtype = "auto"
-    if cc[0] == 9 and kv_dtype in FP8_KV_DTYPES:
-        raise TuneError(
-            f"Gemma 4 with kv_cache_dtype {kv_dtype} on {where} is not modelled: vLLM "
-            "then picks FlashAttention 3 or 4 per layer (Gemma4Config), and FA4's fp8 "
-            "kernel for head size 512 takes 64-token pages (flash_attn.py "
-            "_get_sm90_fa4_fp8_kv_block_size). Use kv_cache_dtype auto on this GPU.")
-    backend = ("FlashAttention 4 (Triton where the wheel lacks it)" if cc[0] == 9
-               else "Triton (FlashAttention 4 needs compute capability 9.x-11.x)")
-    reasons.append(
-        f"Gemma 4 on {where}: its head sizes differ, so vLLM runs {backend} "
-        "(Gemma4Config); both take 16-token blocks here and neither declares a KV cache "
-        "layout, so vLLM keeps LBNHC, which is not block-outermost: where the two layer "
-        "kinds' pages differ, it unifies them (kv_cache_utils.get_kv_cache_groups).")
-    return kv_dtype
-
-
-def _v4_kv_dtype(requested, reasons):
-    """DeepSeek-V4's FlashMLA path stores fp8_ds_mla whether --kv-cache-dtype is auto
-    or fp8 (_resolve_dsv4_kv_cache_dtype); gpufleet writes fp8 out."""
-    requested = requested or "auto"
-    try:
-        deepseek_v4.resolve_kv_cache_dtype(requested)
-    except deepseek_v4.DeepseekV4Error as exc:
-        raise TuneError(str(exc)) from None
-    reasons.append(f"kv_cache_dtype fp8 ({requested} requested): vLLM stores DeepSeek-V4's "
-                   "KV cache as fp8_ds_mla either way (584-byte entries: 448 fp8 NoPE, "
-                   "64 bf16 RoPE, 8 scale bytes), so gpufleet writes --kv-cache-dtype fp8.")
-    return "fp8"
-
-
-def _check_quantization(model, cc, reasons):
-    quant = model.get("quantization")
-    if not quant:
-        return
-    method = quant["method"]
-    need = QUANT_MIN_CAPABILITY.get(method)
-    if need and cc < need:
-        raise TuneError(f"{method} weights need compute capability >= {need[0]}.{need[1]} "
-                        f"in vLLM; this GPU has {cc[0]}.{cc[1]}")
-    if method == "fp8" and not _has(cc, "fp8"):
-        reasons.append(f"fp8 weights on compute capability {cc[0]}.{cc[1]}: vLLM runs them "
-                       "weight-only (Marlin), without FP8 compute.")
-    else:
-        bits = f" {quant['bits']}-bit" if quant.get("bits") else ""
-        reasons.append(f"quantization {method}{bits}: read from quantization_config; "
-                       "vLLM picks it up without --quantization.")
-
-
-# Flags whose value is a secret: on a command line it shows in `ps`, `docker inspect`, the
-# module's output and logs. vllm_server gives vLLM its keys in a root-only file named by
-# --config (serve.AUTH_MOUNT, docs/security.md).
-SECRET_FLAGS = ("--api-key",)
-
-
-def check_extra_args(extra_args):
-    """Refuse a secret given in extra_args (`--api-key KEY`, `--api-key=KEY`); the
-    message never holds the value. Returns the arguments as strings."""
-    if extra_args is None:
-        return []
-    if isinstance(extra_args, (str, bytes)) or not isinstance(extra_args, (list, tuple)):
-        raise TuneError("extra_args must be a list of strings, e.g. "
-                        "[--enable-auto-tool-choice, --tool-call-parser, hermes]")
-    out = [str(arg) for arg in extra_args]
-    for arg in out:
-        flag = arg.split("=", 1)[0]
-        if flag in SECRET_FLAGS:
-            raise TuneError(f"extra_args holds {flag}: an API key there would be on the "
-                            "container's command line and in the module's output. Remove "
-                            "it and set vllm_server_api_key (from a vault) instead: "
-                            "vllm_server gives it to vLLM in a root-only file.")
-    # every `vllm serve` argument is classified (engine_args.py, issue #34 item 1): one the
-    # tuner or vllm_server sets, or whose memory the tuner does not model, is refused
-    why = engine_args.first_refusal(out)
-    if why:
-        raise TuneError(why)
-    return out
-
-
-def _extra_toggle(extra_args, name, default):
-    """The last of --NAME / --no-NAME in extra_args (argparse's BooleanOptionalAction:
-    the last one wins), else `default`."""
-    value = default
-    for arg in extra_args:
-        if arg == f"--{name}":
-            value = True
-        elif arg == f"--no-{name}":
-            value = False
-    return value
-
-
-def _check_remote_config(model, extra_args, reasons):
-    """A config class only the checkpoint's own code defines (model.REMOTE_CONFIG_MODEL_TYPES)
-    loads in vLLM only with --trust-remote-code: refuse the plan unless extra_args says
-    so, rather than let the container fail at start. gpufleet never adds the flag itself:
-    it runs the repository's Python."""
-    remote = model.get("remote_config_class")
-    if not remote:
-        return
-    if "--trust-remote-code" not in extra_args:
-        raise TuneError(
-            f"config.json names a config class that neither transformers nor vLLM has, "
-            f"the repository's own ({remote}), which vLLM "
-            "loads only with --trust-remote-code, running that repository's Python "
-            "(otherwise it stops with 'Failed to load the model config'). If you trust "
-            "the repository, pin its revision and add --trust-remote-code to extra_args.")
-    reasons.append(f"--trust-remote-code (extra_args): vLLM runs the repository's config "
-                   f"class {remote}.")
-
-
-def _check_trust_remote_code(model, extra_args, lock, reasons):
-    """--trust-remote-code runs the repository's Python in the container: refused unless
-    the model's lock (model_lock, written on the control node from a trusted source) pins
-    every *.py file the model has (the folder's, and every module auto_map names) with
-    the sha256 the folder holds, and auto_map names no other repository's code."""
-    if not _extra_toggle(extra_args, "trust-remote-code", False):
-        return
-    if lock is None:
-        raise TuneError(
-            "extra_args holds --trust-remote-code, which runs the repository's Python in "
-            "the container: give the model's lock (lock: the lock playbooks/model_lock.yml "
-            "wrote on the control node), which must pin every *.py file of the model, so "
-            "that no mirror or path can change that code.")
-    try:
-        lock = model_lock.parse_lock(lock)
-    except model_lock.LockError as exc:
-        raise TuneError(f"lock: {exc}") from None
-    files = model.get("python_files") or {}
-    unpinned = model_lock.unpinned_python(lock, files)
-    if unpinned:
-        raise TuneError(
-            f"--trust-remote-code refused: the lock of {lock.repo_id} does not pin "
-            f"{', '.join(unpinned)} (a Python file the model has or its config.json's "
-            "auto_map names), so nothing vouches for the code vLLM would run. Write the lock "
-            "from the whole repository (playbooks/model_lock.yml) and fetch with it.")
-    for path, digest in sorted(files.items()):
-        if digest is not None and digest != lock.files[path]:
-            raise TuneError(
-                f"--trust-remote-code refused: {path}: the lock pins sha256 "
-                f"{lock.files[path]}, the model folder holds sha256 {digest}. Fetch the "
-                "model again with its lock (model_fetch).")
-    repos = model.get("remote_code_repos") or []
-    if repos:
-        raise TuneError(
-            f"--trust-remote-code refused: config.json's auto_map names code of another "
-            f"repository ({', '.join(repos)}), which the lock of {lock.repo_id} cannot pin.")
-    pinned = model_lock.python_files(files)
-    reasons.append(f"--trust-remote-code: the lock of {lock.repo_id}@{lock.commit[:12]} pins "
-                   f"the model's {len(pinned)} Python file(s)"
-                   + (f" ({', '.join(pinned)})." if pinned else "."))
-
-
-def models_with_secret_args(models):
-    """Names of the model entries whose extra_args check_extra_args refuses: vllm_server
-    asks before any module sees the entries (a module's loop item is printed at -vvv)."""
-    names = []
-    for entry in models or []:
-        try:
-            check_extra_args((entry or {}).get("extra_args"))
-        except TuneError:
-            names.append(str((entry or {}).get("name", "?")))
-    return names
-
-
-def _translate_extra_args(extra_args, version, reasons):
-    out = []
-    for arg in extra_args:
-        arg = str(arg)
-        for change in FLAG_CHANGES:
-            old, new = change["old"], change["new"]
-            if not isinstance(old, list) or len(old) != 1 or len(new) != 1:
-                continue
-            if version_at_least(version, change["since"]) and arg == old[0]:
-                reasons.append(f"extra_args: {old[0]} became {new[0]} in vLLM "
-                               f"{change['since']}; rewritten for {version}.")
-                arg = new[0]
-            elif not version_at_least(version, change["since"]) and arg == new[0]:
-                reasons.append(f"extra_args: {new[0]} does not exist before vLLM "
-                               f"{change['since']}; rewritten to {old[0]}.")
-                arg = old[0]
-        out.append(arg)
-    return out
-
-
 # ---------------------------------------------------------------------------
 # The planner
 # ---------------------------------------------------------------------------
@@ -1106,7 +253,7 @@ def _check_options(model, devices, max_model_len, target_concurrency,
                    gpu_memory_utilization, kv_cache_memory_bytes, vllm_version,
                    allow_long_context):
     """Validate and normalise the options that do not depend on the hardware."""
-    parse_version(vllm_version)
+    vllm_flags.parse_version(vllm_version)
     if not devices and kv_cache_memory_bytes is None:
         raise TuneError("no GPUs were given and kv_cache_memory_bytes is not set: pass "
                         "gpus (ansible_facts.gpu.devices) for a GPU host, or "
@@ -1118,8 +265,8 @@ def _check_options(model, devices, max_model_len, target_concurrency,
         kv_cache_memory_bytes = int(kv_cache_memory_bytes)
         if kv_cache_memory_bytes <= 0:
             raise TuneError("kv_cache_memory_bytes must be a positive number of bytes")
-        since = _change("kv_cache_memory_bytes")["since"]
-        if not version_at_least(vllm_version, since):
+        since = vllm_flags.flag_change("kv_cache_memory_bytes")["since"]
+        if not vllm_flags.version_at_least(vllm_version, since):
             raise TuneError(f"vLLM {vllm_version} has no --kv-cache-memory-bytes (added in "
                             f"{since}); use gpu_memory_utilization or a newer vLLM")
     if isinstance(target_concurrency, bool) or (
@@ -1132,7 +279,7 @@ def _check_options(model, devices, max_model_len, target_concurrency,
     util = gpu_memory_utilization
     if isinstance(util, bool):
         raise TuneError("gpu_memory_utilization must be a number in (0, 1], not a boolean")
-    util = float(default_gpu_memory_utilization(vllm_version) if util is None else util)
+    util = float(vllm_flags.default_gpu_memory_utilization(vllm_version) if util is None else util)
     if not 0 < util <= 1:
         raise TuneError("gpu_memory_utilization must be in (0, 1]")
     limit = model_max_len(model)
@@ -1239,8 +386,8 @@ def _evaluate(ctx, tp):
     hw, opts = ctx["hw"], ctx["opts"]
     applied = _spec_apply(ctx, tp)
     model = applied["model"]
-    layout = kv_layout(model, tp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
-                       ctx["async"])
+    layout = kv_memory.kv_layout(model, tp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
+                                 ctx["async"])
     weights_per_gpu = (ctx["weights"] + applied["draft_weights_bytes"]) // tp
     target_len = opts["wanted_len"] or opts["limit"]
     batched = max(ctx["mnbt"], target_len) if ctx["pooling"] else ctx["mnbt"]
@@ -1258,23 +405,24 @@ def _evaluate(ctx, tp):
         kv_bytes = int(hw["gpu_bytes"] * opts["util"]) - weights_per_gpu - overhead
         room = kv_bytes > 0
     search_to = max(opts["limit"], opts["wanted_len"] or 0)
-    fit_len = max_fitting_len(layout, kv_bytes, search_to, ctx["mnbt"],
-                              opts["requests"]) if room else 0
+    fit_len = kv_memory.max_fitting_len(layout, kv_bytes, search_to, ctx["mnbt"],
+                                        opts["requests"]) if room else 0
     return {"tp": tp, "layout": layout, "weights_per_gpu": weights_per_gpu,
             "overhead": overhead, "kv_bytes": kv_bytes, "room": room, "fit_len": fit_len,
             "fits": room and fit_len >= target_len}
 
 
 def _evaluate_pp(ctx, tp, pp):
-    """_evaluate for TP x PP: each stage's weights (pp_stage_weights) and KV budget per
-    GPU, its blocks in its own projection of the model's groups (pp_stage_layout); the
+    """_evaluate for TP x PP: each stage's weights (kv_memory.pp_stage_weights) and KV
+    budget per GPU, its blocks in its own projection of the model's groups
+    (kv_memory.pp_stage_layout); the
     stage with the fewest blocks decides (get_kv_cache_configs takes the minimum), and
     its budget and bytes per block stand for the plan."""
     model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
-    layout = pp_layout(model, tp, pp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
-                       ctx["async"])
-    ranges = pp_layer_ranges(model["num_layers"], pp)
-    weights = pp_stage_weights(model, ctx["weights"], ctx["act_bytes"], ranges)
+    layout = kv_memory.pp_layout(model, tp, pp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
+                                 ctx["async"])
+    ranges = kv_memory.pp_layer_ranges(model["num_layers"], pp)
+    weights = kv_memory.pp_stage_weights(model, ctx["weights"], ctx["act_bytes"], ranges)
     target_len = opts["wanted_len"] or opts["limit"]
     if ctx["overhead_bytes"] is not None:
         overhead = int(ctx["overhead_bytes"])
@@ -1290,7 +438,7 @@ def _evaluate_pp(ctx, tp, pp):
         else:
             kv_bytes = int(hw["gpu_bytes"] * opts["util"]) - per_gpu - overhead
             room = kv_bytes > 0
-        stage_layout = pp_stage_layout(layout, model, start, end)
+        stage_layout = kv_memory.pp_stage_layout(layout, model, start, end)
         stages.append({"layers": [start, end], "weights_bytes_per_gpu": per_gpu,
                        "kv_cache_bytes": kv_bytes,
                        "bytes_per_block": stage_layout["bytes_per_block"],
@@ -1299,8 +447,8 @@ def _evaluate_pp(ctx, tp, pp):
     tight = min(stages, key=lambda st: (st["room"], st["num_blocks"]))
     room = all(st["room"] for st in stages)
     search_to = max(opts["limit"], opts["wanted_len"] or 0)
-    fit_len = max_fitting_len(tight["layout"], tight["kv_cache_bytes"], search_to,
-                              ctx["mnbt"], opts["requests"]) if room else 0
+    fit_len = kv_memory.max_fitting_len(tight["layout"], tight["kv_cache_bytes"], search_to,
+                                        ctx["mnbt"], opts["requests"]) if room else 0
     public = [{k: v for k, v in st.items() if k not in ("layout", "room")}
               for st in stages]
     return {"tp": tp, "pp": pp, "layout": tight["layout"],
@@ -1323,13 +471,13 @@ def _pp_reason(chosen):
 
 def _check_pp(model, hw, pp):
     """Refuse a pipeline size gpufleet does not plan: on the CPU backend, for a model
-    pp_problem names, or with more GPUs than the host has at TP 1."""
+    kv_memory.pp_problem names, or with more GPUs than the host has at TP 1."""
     if pp == 1:
         return
     if hw["cpu"]:
         raise TuneError("pipeline_parallel_size is for GPUs; the CPU target runs one "
                         "stage (set it to 1)")
-    problem = pp_problem(model, pp)
+    problem = kv_memory.pp_problem(model, pp)
     if problem:
         raise TuneError(f"pipeline_parallel_size {pp} is refused: {problem}; set it to 1")
     if pp > hw["gpu_count"]:
@@ -1478,7 +626,8 @@ def _explain_fit(ctx, chosen, final_len, reasons):
         groups = layout["kv_cache_groups"]
         pages = layout["kind_page_bytes"]
         blocks = {g["kind"]: g["block_size"] for g in groups}
-        fixed = fixed_blocks_per_request(layout, in_flight_tokens(layout, ctx["mnbt"]))
+        fixed = kv_memory.fixed_blocks_per_request(
+            layout, kv_memory.in_flight_tokens(layout, ctx["mnbt"]))
         reasons.append(
             f"KV cache: hybrid with two page sizes; a sliding layer's page of "
             f"{layout['block_size']} tokens is {pages['sliding']:,} bytes, a full-"
@@ -1489,25 +638,26 @@ def _explain_fit(ctx, chosen, final_len, reasons):
             f"blocks, {len(groups)} groups of up to {layout['group_size']} layers in "
             f"blocks of {layout['bytes_per_block']:,} bytes. The sliding groups hold "
             f"{fixed:,} blocks per request whatever its length (window + "
-            f"{in_flight_tokens(layout, ctx['mnbt']):,} in-flight tokens: "
+            f"{kv_memory.in_flight_tokens(layout, ctx['mnbt']):,} in-flight tokens: "
             f"{_in_flight_words(layout)}).")
     elif "kv_cache_groups" in layout:
         groups = layout["kv_cache_groups"]
-        fixed = fixed_blocks_per_request(layout, in_flight_tokens(layout, ctx["mnbt"]))
+        fixed = kv_memory.fixed_blocks_per_request(
+            layout, kv_memory.in_flight_tokens(layout, ctx["mnbt"]))
         reasons.append(
             f"KV cache: DeepSeek-V4, {layout['num_specs']} caches in {len(groups)} groups "
             f"packed into blocks of {layout['bytes_per_block']:,} bytes (the widest "
             "group); the compressed (c4a, c128a) and indexer caches grow one block per "
             f"{layout['block_size']} tokens, while the sliding-window and compressor-"
             f"state groups hold {fixed:,} blocks per request whatever its length "
-            f"(window + {in_flight_tokens(layout, ctx['mnbt']):,} in-flight tokens: "
+            f"(window + {kv_memory.in_flight_tokens(layout, ctx['mnbt']):,} in-flight tokens: "
             f"{_in_flight_words(layout)}).")
     elif len(set(layout["groups"])) > 1:
         reasons.append(f"KV cache: hybrid; {layout['groups'].count('sliding')} "
                        f"sliding-window and {layout['groups'].count('full')} full-attention "
                        f"group(s) of {layout['group_size']} layers share one block pool; a "
                        "sliding group holds about window + "
-                       f"{in_flight_tokens(layout, ctx['mnbt']):,} in-flight tokens per "
+                       f"{kv_memory.in_flight_tokens(layout, ctx['mnbt']):,} in-flight tokens per "
                        f"request ({_in_flight_words(layout)}).")
     return replicas
 
@@ -1519,7 +669,7 @@ def _in_flight_words(layout):
                 f"at pipeline size {pp}"
                 + (" with async scheduling" if layout["async_scheduling"] else ""))
     if layout["async_scheduling"]:
-        return (f"{ASYNC_CONCURRENT_BATCHES} x max_num_batched_tokens with async "
+        return (f"{kv_memory.ASYNC_CONCURRENT_BATCHES} x max_num_batched_tokens with async "
                 "scheduling")
     return "1 x max_num_batched_tokens, async scheduling off"
 
@@ -1531,7 +681,7 @@ def _runner(model, pooling, version, reasons):
                        "vLLM's V1 engine for generative models.")
         return None, None
     convert = None if model["native_pooling"] else "embed"
-    if version_at_least(version, _change("runner_convert")["since"]):
+    if vllm_flags.version_at_least(version, vllm_flags.flag_change("runner_convert")["since"]):
         flags = "--runner pooling" + (" --convert embed" if convert else
                                       " (natively pooling, no conversion)")
     else:
@@ -1561,11 +711,11 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     extra_args' --speculative-config names one.
     """
     reasons = []
-    extra_args = check_extra_args(extra_args)
-    _check_remote_config(model, extra_args, reasons)
-    _check_trust_remote_code(model, extra_args, lock, reasons)
+    extra_args = engine_args.check_extra_args(extra_args)
+    engine_args.check_remote_config(model, extra_args, reasons)
+    engine_args.check_trust_remote_code(model, extra_args, lock, reasons)
     # what extra_args says of CUDA graphs is what vLLM runs with: the plan follows it
-    eager = _extra_toggle(extra_args, "enforce-eager", bool(enforce_eager))
+    eager = engine_args.extra_toggle(extra_args, "enforce-eager", bool(enforce_eager))
     if eager != bool(enforce_eager):
         if enforce_eager:
             raise TuneError("enforce_eager is true but extra_args holds --no-enforce-eager: "
@@ -1589,14 +739,14 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     hw = _hardware(devices, model, reasons, block_size)
     _check_pp(model, hw, pp)
     if not hw["cpu"]:
-        _check_quantization(model, hw["cc"], reasons)
-    dtype_name, act_bytes = _served_dtype(model, hw["cc"], dtype, reasons, hw["cpu"])
+        serve_dtype.check_quantization(model, hw["cc"], reasons)
+    dtype_name, act_bytes = serve_dtype.served_dtype(model, hw["cc"], dtype, reasons, hw["cpu"])
     if model["attention"] == "deepseek_v4":
-        kv_dtype = _v4_kv_dtype(kv_cache_dtype, reasons)
+        kv_dtype = serve_dtype.v4_kv_cache_dtype(kv_cache_dtype, reasons)
     else:
-        kv_dtype = _kv_dtype(kv_cache_dtype, allow_fp8, hw["cc"], vllm_version,
-                             hw["cpu"], reasons)
-        kv_dtype = _check_per_kind_backend(model, hw, kv_dtype, kv_cache_dtype, reasons)
+        kv_dtype = serve_dtype.kv_cache_dtype(kv_cache_dtype, allow_fp8, hw["cc"],
+                                              vllm_version, hw["cpu"], reasons)
+        kv_dtype = serve_dtype.check_per_kind_backend(model, hw, kv_dtype, kv_cache_dtype, reasons)
     default_mnbt, default_seqs = hw["defaults"]
     max_num_seqs = int(target_concurrency) if target_concurrency else default_seqs
     spec = _speculative(extra_args, hw, pp, draft_model)
@@ -1605,7 +755,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
            "pooling": model["kind"] == "pooling", "max_num_seqs": max_num_seqs,
            "mnbt": max(default_mnbt, max_num_seqs), "overhead_bytes": overhead_bytes,
            "enforce_eager": enforce_eager, "target_concurrency": target_concurrency,
-           "async": async_scheduling(hw["cpu"], model["kind"] == "pooling", extra_args),
+           "async": kv_memory.async_scheduling(hw["cpu"], model["kind"] == "pooling", extra_args),
            "extra": extra_args, "pp": pp, "spec": spec, "draft": draft_model,
            "result": {"settings": settings, "reasons": reasons}}
 
@@ -1624,9 +774,9 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     replicas = _explain_fit(ctx, chosen, final_len, reasons)
     if pp > 1:
         reasons.append(_pp_reason(chosen))
-    num_blocks, _tokens = kv_tokens_from_bytes(layout, chosen["kv_bytes"])
-    concurrency = max_concurrency(layout, num_blocks, final_len, ctx["mnbt"])
-    tokens = kv_cache_size_tokens(concurrency, final_len)
+    num_blocks, _tokens = kv_memory.kv_tokens_from_bytes(layout, chosen["kv_bytes"])
+    concurrency = kv_memory.max_concurrency(layout, num_blocks, final_len, ctx["mnbt"])
+    tokens = kv_memory.kv_cache_size_tokens(concurrency, final_len)
     if target_concurrency is not None and concurrency is not None:
         reasons.append(f"target_concurrency {opts['requests']}: {concurrency:.2f} requests "
                        f"of {final_len:,} tokens fit at once.")
@@ -1652,10 +802,10 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         "kv_cache_memory_bytes": opts["kv_cache_memory_bytes"], "runner": runner,
         "convert": convert,
         # as the container runs: the tuner's default, or what extra_args says last
-        "enable_prefix_caching": _extra_toggle(ctx["extra"], "enable-prefix-caching",
-                                               not ctx["pooling"]),
-        "enable_chunked_prefill": _extra_toggle(ctx["extra"], "enable-chunked-prefill",
-                                                not ctx["pooling"]),
+        "enable_prefix_caching": engine_args.extra_toggle(ctx["extra"], "enable-prefix-caching",
+                                                          not ctx["pooling"]),
+        "enable_chunked_prefill": engine_args.extra_toggle(ctx["extra"], "enable-chunked-prefill",
+                                                           not ctx["pooling"]),
         "enforce_eager": bool(enforce_eager),
         "docker": docker, "env": env, "enable_expert_parallel": ep,
         "emit_block_size": model["attention"] == "deepseek_v4",
@@ -1681,9 +831,9 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         result["prediction"].update({
             "kv_cache_groups": layout["kv_cache_groups"],
             "bytes_per_block": layout["bytes_per_block"],
-            "blocks_per_request": _blocks_per_request(layout, final_len, ctx["mnbt"]),
-            "fixed_blocks_per_request": fixed_blocks_per_request(
-                layout, in_flight_tokens(layout, ctx["mnbt"])),
+            "blocks_per_request": kv_memory.blocks_per_request(layout, final_len, ctx["mnbt"]),
+            "fixed_blocks_per_request": kv_memory.fixed_blocks_per_request(
+                layout, kv_memory.in_flight_tokens(layout, ctx["mnbt"])),
         })
     result["args"] = _args(settings, vllm_version, list(extra_args or []), reasons)
     return result
@@ -1720,7 +870,7 @@ def _gib(value):
 def _args(settings, version, extra_args, reasons):
     args = []
     if settings["runner"] == "pooling":
-        if version_at_least(version, _change("runner_convert")["since"]):
+        if vllm_flags.version_at_least(version, vllm_flags.flag_change("runner_convert")["since"]):
             args += ["--runner", "pooling"]
             if settings["convert"]:
                 args += ["--convert", settings["convert"]]
@@ -1747,7 +897,7 @@ def _args(settings, version, extra_args, reasons):
         args.append("--enable-prefix-caching")
     if settings["enable_chunked_prefill"]:
         args.append("--enable-chunked-prefill")
-    extra = _translate_extra_args(extra_args, version, reasons)
+    extra = engine_args.translate_extra_args(extra_args, version, reasons)
     if settings["enforce_eager"] and "--enforce-eager" not in extra:
         # The plan reserved no CUDA-graph memory; vLLM must not capture graphs either.
         args.append("--enforce-eager")

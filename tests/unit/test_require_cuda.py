@@ -1,7 +1,7 @@
-"""NVIDIA's own tests as the spec for gpufleet.cuda's reading of an image's requirements.
+"""NVIDIA's own tests as the spec for gpufleet.require_cuda's reading of an image's requirements.
 
-Every case below is a case of NVIDIA's Go test suite, mapped onto gpufleet.cuda, with
-the repository, commit, file, test and case name it comes from.  Sources read:
+Every case below is a case of NVIDIA's Go test suite, mapped onto gpufleet.require_cuda
+and gpufleet.cuda, with the repository, commit, file, test and case name it comes from.  Sources read:
 
   TK   NVIDIA/nvidia-container-toolkit at d34b3046758cb1a5db606b2a39519c731bbf9f56
        internal/requirements/constraints/factory_test.go  (TestParse,
@@ -49,6 +49,7 @@ Left out, with the reason:
 import pytest
 
 from gpufleet import cuda
+from gpufleet import require_cuda
 
 TK = "NVIDIA/nvidia-container-toolkit@d34b3046758cb1a5db606b2a39519c731bbf9f56"
 FACTORY_TEST = f"{TK} internal/requirements/constraints/factory_test.go"
@@ -59,7 +60,7 @@ DSL_C = "NVIDIA/libnvidia-container@5823754b8577d16fabf25a6ef6a1d58f7ff1e5dd src
 
 HINT = ", please update your driver to a newer version, or use an earlier cuda container"
 
-# Hosts the cases are evaluated on (driver -> CUDA from gpufleet.cuda.DRIVER_BRANCHES).
+# Hosts the cases are evaluated on (driver -> CUDA from gpufleet.cuda_versions.DRIVER_BRANCHES).
 D450 = "450.51.05"    # CUDA 11.0
 D535 = "535.129.03"   # CUDA 12.2
 D580 = "580.65.06"    # CUDA 13.0
@@ -69,7 +70,7 @@ ERROR = "invalid expression"   # nvidia-container-cli: "requirement error: inval
 def evaluate(value, driver, **gpu):
     """dsl_evaluate's verdict: True, False, or ERROR when nvidia-container-cli fails."""
     try:
-        ok, _ = cuda.evaluate_require_cuda(value, driver, **gpu)
+        ok, _ = require_cuda.evaluate_require_cuda(value, driver, **gpu)
     except ValueError as exc:
         assert ERROR in str(exc), exc
         return ERROR
@@ -95,7 +96,7 @@ PARSE_CASES = [
          c_differs="The Go factory returns nil (an unknown property is skipped), but "
                    "dsl.c evaluate_rule finds no rule named 'foo' and returns -1, so "
                    "nvidia-container-cli fails with 'invalid expression' whenever it "
-                   "reaches the term (cuda.UnknownProperty; check() makes it a verdict)."),
+                   "reaches the term (require_cuda.UnknownProperty; check() makes it a verdict)."),
     dict(src=f"{FACTORY_TEST} TestParse 'cuda must be semver'", condition="cuda=foo",
          parsed=ERROR, on={D535: ERROR}),
     dict(src=f"{FACTORY_TEST} TestParse 'cuda greater than equal'", condition="cuda>=11.6",
@@ -117,9 +118,9 @@ PARSE_CASES = [
 def test_parse(case):
     if case["parsed"] == ERROR:
         with pytest.raises(ValueError, match=ERROR):
-            cuda.parse_require_cuda(case["condition"])
+            require_cuda.parse_require_cuda(case["condition"])
     else:
-        assert cuda.parse_require_cuda(case["condition"]) == case["parsed"]
+        assert require_cuda.parse_require_cuda(case["condition"]) == case["parsed"]
     for driver, verdict in case["on"].items():
         assert evaluate(case["condition"], driver) == verdict, driver
 
@@ -172,9 +173,9 @@ REQUIREMENT_CASES = [
 def test_new_constraint_from_requirement(case):
     if case["parsed"] == ERROR:
         with pytest.raises(ValueError, match=ERROR):
-            cuda.parse_require_cuda(case["requirement"])
+            require_cuda.parse_require_cuda(case["requirement"])
     else:
-        assert cuda.parse_require_cuda(case["requirement"]) == case["parsed"]
+        assert require_cuda.parse_require_cuda(case["requirement"]) == case["parsed"]
     for (driver, arch), verdict in case["on"].items():
         assert evaluate(case["requirement"], driver, arch=arch) == verdict, (driver, arch)
 
@@ -182,9 +183,9 @@ def test_new_constraint_from_requirement(case):
 def test_unsatisfied_message_names_the_first_term_of_the_value():
     # dsl.c dsl_evaluate: the message is the value up to its first space, with the driver
     # hint only when that starts with "cuda>=".
-    ok, text = cuda.evaluate_require_cuda("cuda>=11.6,arch=5.3", D535, arch="8.0")
+    ok, text = require_cuda.evaluate_require_cuda("cuda>=11.6,arch=5.3", D535, arch="8.0")
     assert not ok and text == "unsatisfied condition: cuda>=11.6,arch=5.3" + HINT
-    ok, text = cuda.evaluate_require_cuda("cuda<11.6 brand=tesla", D535, brand="geforce")
+    ok, text = require_cuda.evaluate_require_cuda("cuda<11.6 brand=tesla", D535, brand="geforce")
     assert not ok and text == "unsatisfied condition: cuda<11.6"
 
 
@@ -252,13 +253,13 @@ MAJOR_MINOR_INVALID = ["foo", "foo.5.10", "9.0.116.50", "9.0.116foo", "7.foo", "
                               for v, _ in MAJOR_MINOR_VALID])
 def test_parse_major_minor_version_valid(version, expected):
     # Source: IMAGE_TEST TestParseMajorMinorVersionValid, case named by the version.
-    assert cuda.toolkit_major_minor(version) == expected
-    info = cuda.image_requirements([f"CUDA_VERSION={version}"])
+    assert require_cuda.toolkit_major_minor(version) == expected
+    info = require_cuda.image_requirements([f"CUDA_VERSION={version}"])
     assert info["requirements"] == [f"cuda>={expected}"]
     assert info["cuda_version"] == expected
     # And nvidia-container-cli's verdict on that requirement (dsl.c): 4294967295 is far
     # below its own bound (UINTMAX_MAX), so that one is unsatisfied, not an error.
-    ok, text = cuda.evaluate_require_cuda(f"cuda>={expected}", D535)
+    ok, text = require_cuda.evaluate_require_cuda(f"cuda>={expected}", D535)
     if expected.startswith("4294967295"):
         assert not ok and text == f"unsatisfied condition: cuda>={expected}" + HINT
     else:
@@ -271,13 +272,13 @@ def test_parse_major_minor_version_valid(version, expected):
 def test_parse_major_minor_version_invalid(version):
     # Source: IMAGE_TEST TestParseMajorMinorVersionInvalid, case named by the version.
     with pytest.raises(ValueError):
-        cuda.toolkit_major_minor(version)
+        require_cuda.toolkit_major_minor(version)
     with pytest.raises(ValueError, match="failed to get requirements"):
-        cuda.image_requirements([f"CUDA_VERSION={version}"])
+        require_cuda.image_requirements([f"CUDA_VERSION={version}"])
     # GetRequirements reads CUDA_VERSION only for a legacy image whose requirements are
     # not disabled: otherwise the same value is no error.
     for extra in (["NVIDIA_REQUIRE_CUDA=cuda>=11.6"], ["NVIDIA_DISABLE_REQUIRE=true"]):
-        info = cuda.image_requirements([f"CUDA_VERSION={version}"] + extra)
+        info = require_cuda.image_requirements([f"CUDA_VERSION={version}"] + extra)
         assert info["cuda_version"] is None
         assert info["requirements"] == (["cuda>=11.6"] if "NVIDIA_REQUIRE_CUDA" in extra[0] else [])
 
@@ -355,7 +356,7 @@ HOOK_CASES = [
                          ids=[f"TestGetNvidiaConfig '{d}'" for d, _, _ in HOOK_CASES])
 def test_get_nvidia_config_requirements(description, env, expected):
     # Source: HOOK_TEST TestGetNvidiaConfig, case named by its description.
-    info = cuda.image_requirements([f"{k}={v}" for k, v in env.items()])
+    info = require_cuda.image_requirements([f"{k}={v}" for k, v in env.items()])
     assert sorted(info["requirements"]) == sorted(expected)
     assert info["disabled"] is ("NVIDIA_DISABLE_REQUIRE" in env)
     if "req0=true" in expected:
@@ -372,7 +373,7 @@ def test_get_nvidia_config_requirements(description, env, expected):
         # configure.c evaluates them once with no device.
         assert cuda.check(D535, compute_capabilities=["8.0"],
                           require_cuda=info["requirements"])["require_cuda_satisfied"]
-        assert cuda.evaluate_require_cuda("cuda>=9.0", D535, brand=None, arch=None)[0]
+        assert require_cuda.evaluate_require_cuda("cuda>=9.0", D535, brand=None, arch=None)[0]
 
 
 def test_every_case_is_counted():
@@ -491,7 +492,7 @@ def test_a_truly_malformed_term_is_still_an_input_error(value, fragment):
 
 def test_legacy_image_version_feeds_the_runtime_check():
     # A legacy image's CUDA_VERSION "v11.6" is CUDA 11.6 to the toolkit, and to check().
-    info = cuda.image_requirements(["CUDA_VERSION=v11.6"])
+    info = require_cuda.image_requirements(["CUDA_VERSION=v11.6"])
     result = cuda.check(D535, compute_capabilities=["8.0"], cuda_version=info["cuda_version"],
                         require_cuda=info["requirements"])
     assert result["compatible"] and result["required_cuda"] == "11.6"

@@ -32,6 +32,7 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import cuda
+from gpufleet import compat_libs
 from helpers import docker_answers, run_module
 
 import cuda_compat
@@ -50,7 +51,7 @@ REQUIRE_129 = ("cuda>=12.9 brand=unknown,driver>=570,driver<571 brand=geforce,dr
 def image_129(note=True, version="575.57.08"):
     """compat_libs as read from the image: libcuda.so.575.57.08 with its note [NOTE]."""
     names = ["libcuda.so", "libcuda.so.1", f"libcuda.so.{version}", "libnvidia-nvvm.so.4"]
-    return cuda.compat_libs_from_image(names, LIB_129 if note else None)
+    return compat_libs.compat_libs_from_image(names, LIB_129 if note else None)
 
 
 GEFORCE = dict(compute_capabilities=["8.9"], brand="GeForce", datacenter_gpu=False)  # RTX 4090
@@ -65,20 +66,20 @@ def verdict(driver, gpu, compat, **kw):
 # --- the note and the names, as the hook reads them [HOOK][NOTE] ---------------------
 
 def test_note_of_nvidia_12_9_compat_lib_lists_575():
-    note = cuda.parse_compat_note(LIB_129)
+    note = compat_libs.parse_compat_note(LIB_129)
     assert note == {"cuda": "12.9", "driver": (535, 550, 560, 565, 570, 575),
                     "device": (1, 2, 7, 8, 9, 10, 11, 12, 13, 14)}
-    assert cuda.NVML_BRANDS["geforce"] not in note["device"]      # GeForce = 5 (nvml.h)
-    assert cuda.NVML_BRANDS["nvidia"] in note["device"]           # A100/H100 = 14
+    assert compat_libs.NVML_BRANDS["geforce"] not in note["device"]      # GeForce = 5 (nvml.h)
+    assert compat_libs.NVML_BRANDS["nvidia"] in note["device"]           # A100/H100 = 14
 
 
 def test_note_of_nvidia_13_1_compat_lib():
-    assert cuda.parse_compat_note(LIB_131)["driver"] == (535, 550, 570, 575, 580, 590)
+    assert compat_libs.parse_compat_note(LIB_131)["driver"] == (535, 550, 570, 575, 580, 590)
 
 
 def test_not_an_elf_file_has_no_note():
     # GetCUDACompatElfHeaderFromReader fails; the hook warns and reads no note [HOOK]
-    assert cuda.parse_compat_note(b"not elf at all, not elf at all, not elf at all!!!") is None
+    assert compat_libs.parse_compat_note(b"not elf at all, not elf at all, not elf at all!!!") is None
 
 
 @pytest.mark.parametrize("names,expected", [
@@ -88,7 +89,7 @@ def test_not_an_elf_file_has_no_note():
     ([], None),
 ])
 def test_compat_lib_version_globs_like_the_hook(names, expected):
-    assert cuda.compat_lib_version(names) == expected
+    assert compat_libs.compat_lib_version(names) == expected
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -99,7 +100,7 @@ def test_compat_lib_version_globs_like_the_hook(names, expected):
     ("NVIDIA Container Toolkit CLI version 1.18.0 (gpufleet lab stand-in)", (1, 18, 0)),
 ])
 def test_parse_toolkit_version(text, expected):
-    assert cuda.parse_toolkit_version(text) == expected
+    assert compat_libs.parse_toolkit_version(text) == expected
 
 
 def test_bad_toolkit_version_says_what_to_pass():
@@ -140,7 +141,7 @@ def test_geforce_compat_older_than_driver_is_not_loaded():
 
 def test_geforce_no_compat_libs_minor_version():
     # the image has no /usr/local/cuda/compat: nothing to load, minor-version applies
-    r = verdict("570.195.03", GEFORCE, cuda.compat_libs_from_image(None))
+    r = verdict("570.195.03", GEFORCE, compat_libs.compat_libs_from_image(None))
     assert r["compat_libs"] == {**r["compat_libs"], "present": False, "loaded": False}
     assert r["mode"] == "minor_version" and r["compatible"]
 
@@ -183,7 +184,7 @@ def test_datacenter_compat_newer_than_driver_runs_forward_compat():
 
 def test_datacenter_branch_not_in_the_compat_table_fails_with_803():
     # [NOTE] 590.44.01 (CUDA 13.1) supports 535 550 570 575 580 590, not 560
-    compat = cuda.compat_libs_from_image(["libcuda.so.590.44.01"], LIB_131)
+    compat = compat_libs.compat_libs_from_image(["libcuda.so.590.44.01"], LIB_131)
     r = cuda.check("560.35.03", cuda_version="13.1", compat_libs=compat, toolkit_version="1.18.0",
                    **DATACENTER)
     assert r["mode"] == "incompatible" and "error 803" in " ".join(r["reasons"])
@@ -195,7 +196,7 @@ def test_datacenter_compat_older_than_driver_native():
 
 
 def test_datacenter_no_compat_libs_minor_version():
-    r = verdict("570.195.03", DATACENTER, cuda.compat_libs_from_image([]))
+    r = verdict("570.195.03", DATACENTER, compat_libs.compat_libs_from_image([]))
     assert r["mode"] == "minor_version" and not r["compat_libs"]["present"]
 
 
