@@ -33,7 +33,7 @@ import subprocess
 
 import pytest
 
-from gpufleet import serve, tune
+from gpufleet import kv_log, serve
 from helpers import run_module
 from test_tune_vs_vllm import (CONTAINER_PATH, ROOT, VLLM_VERSION, Server, lab_models,  # noqa: F401
                                vllm_cache)
@@ -91,7 +91,7 @@ def test_eagle3_draft_mounted_by_the_plan_runs_and_matches(monkeypatch, docker_c
         logs = server.logs()
     finally:
         server.stop()
-    logged = tune.parse_kv_cache_log(logs)
+    logged = kv_log.parse_kv_cache_log(logs)
     predicted = result["prediction"]
     print(f"\ntiny-llama + EAGLE-3 draft: predicted {predicted['kv_cache_tokens']:,} tokens / "
           f"{predicted['max_concurrency']}x; vLLM logged {logged['kv_cache_tokens']:,} tokens "

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from gpufleet import engine_args, model as m, speculative, tune
-from gpufleet import kv_memory
+from gpufleet import kv_log, kv_memory
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-kv", "speculative.json")
@@ -419,7 +419,7 @@ def _cpu_plan(case, with_spec=True):
 @pytest.mark.parametrize("case", CPU_RUNS["cases"], ids=lambda c: c["method"])
 def test_cpu_plan_equals_what_the_lab_engine_logged(case):
     assert case["method"] in speculative.CPU_METHODS
-    logged = tune.parse_kv_cache_log("\n".join(case["logged"]))
+    logged = kv_log.parse_kv_cache_log("\n".join(case["logged"]))
     plan = _cpu_plan(case)
     assert plan["settings"]["speculative"]["method"] == case["method"]
     assert plan["settings"]["speculative"]["async_scheduling"] is False  # the CPU platform
@@ -429,7 +429,7 @@ def test_cpu_plan_equals_what_the_lab_engine_logged(case):
 
 def test_cpu_control_a_plan_without_the_drafter_misses_the_eagle3_run():
     (eagle3,) = [c for c in CPU_RUNS["cases"] if c["method"] == "eagle3"]
-    logged = tune.parse_kv_cache_log("\n".join(eagle3["logged"]))
+    logged = kv_log.parse_kv_cache_log("\n".join(eagle3["logged"]))
     plain = _cpu_plan(eagle3, with_spec=False)["prediction"]
     assert (plain["kv_cache_tokens"], plain["max_concurrency"]) == (32_768, 32.0)
     assert plain["kv_cache_tokens"] != logged["kv_cache_tokens"]

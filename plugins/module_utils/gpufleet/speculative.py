@@ -38,7 +38,7 @@ What vLLM 0.32.0 does (read in the lab image gpufleet/vllm-cpu:lab; paths under 
   family (EagleModelTypes: eagle, eagle3, mtp, ...), ngram_gpu, draft_model, dspark and
   dflash, and is switched off for the others (ngram, suffix, medusa, ...); with
   --async-scheduling given it is an error. The tokens a sliding-window group reserves
-  for work in flight follow (gpufleet.tune.in_flight_tokens).
+  for work in flight follow (gpufleet.kv_memory.in_flight_tokens).
 - Weights: an EAGLE drafter loads its own checkpoint (its embed_tokens and lm_head are
   the target's when the checkpoint has none: v1/spec_decode/llm_base_proposer.py
   _maybe_share_embeddings / _maybe_share_lm_head), so its bytes are the draft folder's
