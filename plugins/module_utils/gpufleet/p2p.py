@@ -230,6 +230,9 @@ def settings(listen_address, port=DEFAULT_PORT, upload_rate=0, download_rate=0):
         "enable_natpmp": False, "enable_incoming_utp": False, "enable_outgoing_utp": False,
         "enable_incoming_tcp": True, "enable_outgoing_tcp": True,
         "allow_multiple_connections_per_ip": False,
+        # a fleet peer that dropped a connection is dialled again within seconds (run_peer
+        # redials the inventory's peers it has no connection with), not after a minute
+        "min_reconnect_time": 2,
         "ban_web_seeds": True,
         "upload_rate_limit": int(upload_rate), "download_rate_limit": int(download_rate),
         "user_agent": "gpufleet-p2p", "peer_fingerprint": "-GF0001-",
@@ -241,6 +244,7 @@ def settings(listen_address, port=DEFAULT_PORT, upload_rate=0, download_rate=0):
     }
 
 
+REDIAL = 2.0  # seconds between dials of the inventory's peers a host has no connection with
 WEB_SEED_HOSTS = 1  # hosts of the swarm that use the web seed from the start
 WEB_SEED_FALLBACK = 30.0  # seconds without a peer's block before the others add it
 
@@ -513,9 +517,13 @@ def run_peer(job, log=None, progress=None):
         except WebSeedDown as exc:  # a seed that ignores Range is refused (P2PError)
             note("web_seed_down", message=str(exc))
     h = ses.add_torrent(atp)
+    dial = []
     for peer in job.get("peers") or []:
         host, _sep, port = peer.rpartition(":")
-        h.connect_peer((host.strip("[]"), int(port)))
+        dial.append((host.strip("[]"), int(port)))
+    for endpoint in dial:
+        h.connect_peer(endpoint)
+    last_dial = time.monotonic()
 
     files = atp.ti.files()
     index = {}
@@ -572,6 +580,15 @@ def run_peer(job, log=None, progress=None):
                 place_file(dest, partial, f)
                 done.add(rel)
                 note("placed", path=rel)
+        if finished_at is None and time.monotonic() - last_dial >= REDIAL:
+            # hosts that start together dial each other at once, and libtorrent drops one
+            # of two connections between the same two addresses, sometimes both: dial the
+            # inventory's peers this host has no connection with again
+            last_dial = time.monotonic()
+            connected = {_ip(p.ip) for p in h.get_peer_info()}
+            for endpoint in dial:
+                if endpoint[0] not in connected:
+                    h.connect_peer(endpoint)
         if pending_seed and finished_at is None and gate.due(time.monotonic()):
             h.add_url_seed(pending_seed)
             pending_seed = None
