@@ -222,7 +222,8 @@ def main():
                           f"({egress / total:5.2f}x)  wall {wall:7.1f} s  web seed used by "
                           + (", ".join(f"{h} ({b} B)" for h, b in seeded.items())
                              or ("-" if mode == "p2p" else "every host (http)")), flush=True)
-                    shutil.rmtree(run_dir, ignore_errors=True)
+                    if not args.keep:
+                        shutil.rmtree(run_dir, ignore_errors=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
