@@ -31,11 +31,27 @@ def _wrap(func):
     return call
 
 
-def p2p_problems(models, transport, seed, upload_rate, download_rate, port):
+def p2p_problems(models, transport, seed, upload_rate, download_rate, port,
+                 web_seed_hosts=p2p.WEB_SEED_HOSTS, web_seed_fallback=p2p.WEB_SEED_FALLBACK):
     """model_fetch's preflight of its p2p settings (p2p.check_settings, p2p.model_transports):
     the problems, each naming the variable and what it takes."""
     _transports, problems = p2p.model_transports(models, transport)
-    return p2p.check_settings(transport, seed, upload_rate, download_rate, port) + problems
+    return p2p.check_settings(transport, seed, upload_rate, download_rate, port,
+                              web_seed_hosts, web_seed_fallback) + problems
+
+
+def p2p_web_seed_delay(host, hosts, first, fallback):
+    """The web-seed policy's seconds of peers only for `host` (p2p.web_seed_delay); an
+    extra var (-e) comes as a string: digits are taken as the number they spell."""
+    def number(value, kind):
+        if isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
+            return kind(value) if kind is float or value.strip().isdigit() else value
+        return value
+    try:
+        return p2p.web_seed_delay(host, list(hosts or []), number(first, int),
+                                  number(fallback, float))
+    except p2p.P2PError as exc:
+        raise AnsibleFilterError(str(exc)) from None
 
 
 def p2p_fleet(hosts, hostvars):
@@ -280,6 +296,7 @@ class FilterModule:
             "gpufleet_p2p_problems": p2p_problems,
             "gpufleet_p2p_fleet": p2p_fleet,
             "gpufleet_p2p_port": p2p.model_port,
+            "gpufleet_p2p_web_seed_delay": p2p_web_seed_delay,
             "gpufleet_torrent_infohash": torrent_infohash,
             "gpufleet_torrent_name": p2p.torrent_name,
             "gpufleet_local_url": serve.local_url,

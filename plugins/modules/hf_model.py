@@ -227,6 +227,15 @@ options:
     description: Use O(endpoint) as the web seed (BEP 19; it must honour Range).
     type: bool
     default: true
+  p2p_web_seed_delay:
+    description:
+      - The web-seed policy (model_fetch's C(model_fetch_p2p_web_seed_hosts)). C(0) uses
+        the web seed from the start; a number of seconds starts with peers only and adds
+        the web seed once no peer has delivered a block for that long (from the start,
+        then from each peer block), so the mirror sends about one copy whatever the
+        fleet's size, and a fleet of one, or one whose peers are down, still completes.
+    type: float
+    default: 0
   p2p_mirror_address:
     description: The web seed's IP address, when O(endpoint) names the mirror by name.
     type: str
@@ -400,7 +409,9 @@ p2p:
   description:
     - With O(transport=p2p) bytes_from_peers, bytes_from_web_seed, banned_peers (the
       addresses of peers that sent bad pieces, dropped), blocked_peers (addresses outside
-      the fleet that knocked), hash_failures, web_seed_down, seeding (the seeder left
+      the fleet that knocked), hash_failures, web_seed_down, web_seed_delay (the policy
+      applied, null without a web seed), web_seed_after (seconds into the run when the
+      web seed was added, null when it never was), seeding (the seeder left
       running, or null); in check mode would_fetch_bytes, from_peers, web_seed,
       would_seed. With O(p2p_stop), stopped (the seeder's state, or null).
   returned: with transport p2p
@@ -455,6 +466,7 @@ def main():
             p2p_listen=dict(type="str"), p2p_port=dict(type="int", default=p2p.DEFAULT_PORT),
             p2p_peers=dict(type="list", elements="str", default=[]),
             p2p_web_seed=dict(type="bool", default=True), p2p_mirror_address=dict(type="str"),
+            p2p_web_seed_delay=dict(type="float", default=0),
             p2p_upload_rate=dict(type="int", default=0),
             p2p_download_rate=dict(type="int", default=0),
             p2p_timeout=dict(type="float", default=3600),
@@ -481,6 +493,7 @@ def main():
             "p2p_upload_rate": options.whole(0, p2p.MAX_RATE, "bytes per second"),
             "p2p_download_rate": options.whole(0, p2p.MAX_RATE, "bytes per second"),
             "p2p_timeout": options.number(above=0, high=options.YEAR, unit="seconds"),
+            "p2p_web_seed_delay": options.number(0, 86400, unit="seconds"),
             "p2p_seed_max": options.number(above=0, high=options.YEAR, unit="seconds"),
         })
     except options.OptionError as exc:

@@ -9,7 +9,9 @@ random bytes for every block).
 
 The swarm, in order:
 1. origin  127.0.0.2: web seed (nginx) only; then seeds.
-2. hosts   127.0.0.3, 127.0.0.4: peers only (no web seed), at the same time.
+2. hosts   127.0.0.3, 127.0.0.4: the web-seed policy's others (peers first, the web seed
+   only after 30 s without a peer's block), at the same time: all from the origin.
+   alone 127.0.0.11 (same policy, 1 s) whose only peer is down: adds the web seed.
 3. outsider 127.0.0.9 (not in the allow-list) knocks on the origin: refused.
 4. seeder  127.0.0.8 seeds a folder hf_model verified over http (the mirror's own);
    fresh   127.0.0.10 knows only that one and completes from it.
@@ -43,9 +45,11 @@ PEER_ENV = dict(os.environ, PYTHONPATH=str(ROOT / "plugins/module_utils"))
 SYS_PYTHON = "/usr/bin/python3"
 MODEL_BYTES = 4 << 20
 REPO = "lab/tiny-p2p"
-ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, LOCKED, SEEDER, OUTSIDER, FRESH = (
+ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, LOCKED, SEEDER, OUTSIDER, FRESH, ALONE, DOWN = (
     "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.8",
-    "127.0.0.9", "127.0.0.10")
+    "127.0.0.9", "127.0.0.10", "127.0.0.11", "127.0.0.12")
+FALLBACK = 30  # the web-seed policy's wait of a host that starts with peers only
+ALONE_FALLBACK = 1  # alone's: its only peer is down
 MIRROR = "127.0.0.1"
 TIMEOUT = 60  # seconds a session may run at most (a hang fails the test, it is no timing)
 
@@ -87,12 +91,14 @@ class Swarm:
     def port(self, addr):
         return self.ports.setdefault(addr, free_port())
 
-    def start(self, name, addr, peers=(), web_seed=False, listing=None, dest=None):
+    def start(self, name, addr, peers=(), web_seed=False, listing=None, dest=None,
+              web_seed_delay=0):
         job = {"torrent": str(self.torrent), "dest": str(dest or self.tmp / "hosts" / name),
                "listing": listing or self.listing, "commit": self.commit, "infohash": self.infohash,
                "repo_id": REPO, "listen": addr, "port": self.port(addr),
                "peers": [f"{p}:{self.port(p)}" for p in peers], "allow": self.allow,
                "web_seed": self.web_seed if web_seed else None,
+               "web_seed_delay": web_seed_delay,
                "stop_file": str(self.stop_file), "timeout": TIMEOUT,
                "seed_only": dest is not None}
         (self.tmp / f"{name}.job.json").write_text(json.dumps(job))
@@ -164,7 +170,7 @@ def swarm(tmp_path_factory):
     facts = json.loads(made.stdout)
     listing = [{"path": f.path, "size": f.size, "algorithm": f.algorithm,
                 "digest": f.digest} for f in model["files"]]
-    allow = [MIRROR, ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, LOCKED, SEEDER, FRESH]
+    allow = [MIRROR, ORIGIN, HOST_B, HOST_C, LATE, HOSTILE, LOCKED, SEEDER, FRESH, ALONE, DOWN]
     sw = Swarm(tmp, torrent, listing, model["commit"], facts["infohash"], allow,
                f"http://{MIRROR}:{port}/{REPO}/resolve/")
     out = {"model": model, "facts": facts, "egress": {}, "tmp": tmp}
@@ -175,10 +181,14 @@ def swarm(tmp_path_factory):
             sw.wait_complete("origin")
             out["egress"]["origin"] = n.egress()
             for name, addr in (("host_b", HOST_B), ("host_c", HOST_C)):
-                sw.start(name, addr, peers=[ORIGIN, HOST_B, HOST_C])
+                sw.start(name, addr, peers=[ORIGIN, HOST_B, HOST_C], web_seed=True,
+                         web_seed_delay=FALLBACK)
             sw.wait_complete("host_b")
             sw.wait_complete("host_c")
             out["egress"]["hosts"] = n.egress()
+            sw.start("alone", ALONE, peers=[DOWN], web_seed=True, web_seed_delay=ALONE_FALLBACK)
+            sw.wait_complete("alone")
+            out["egress"]["alone"] = n.egress()
             out["outsider_got"] = _knock(ORIGIN, sw.port(ORIGIN), facts["infohash"], OUTSIDER)
             out["insider_got"] = _knock(ORIGIN, sw.port(ORIGIN), facts["infohash"], LATE)[:68]
             # a host whose lock pins other bytes for the weights than the mirror's
@@ -218,7 +228,7 @@ def _check_folder(folder, model):
 
 
 def test_every_host_has_the_verified_model(swarm):
-    for name in ("origin", "host_b", "host_c", "late"):
+    for name in ("origin", "host_b", "host_c", "late", "alone"):
         r = swarm["results"][name]
         assert r["complete"], (name, r)
         assert r["files_rejected"] == []
@@ -231,7 +241,8 @@ def test_mirror_sends_the_model_once(swarm):
     egress = swarm["egress"]
     assert size <= egress["origin"] <= 1.5 * size, egress
     # the two hosts and the late joiner took nothing from the mirror: their bytes are peers'
-    assert egress["hosts"] == egress["origin"] == egress["late"], egress
+    # (beside the one byte each of the two hosts' probes of the web seed, Range 0-0)
+    assert egress["hosts"] - egress["origin"] == 2 and egress["late"] == egress["alone"], egress
     for name in ("host_b", "host_c", "late"):
         r = swarm["results"][name]
         assert r["bytes_by_source"]["web_seed"] == 0, (name, r["bytes_by_source"])
@@ -258,8 +269,26 @@ def test_late_joiner_completes_with_the_web_seed_down(swarm):
     late = swarm["results"]["late"]
     assert late["complete"]
     assert late["bytes_by_source"]["web_seed"] == 0
-    assert swarm["egress"]["late"] == swarm["egress"]["hosts"]
+    assert swarm["egress"]["late"] == swarm["egress"]["alone"]
     assert [e["event"] for e in late["events"]][0] == "web_seed_down"
+    print(f"late joiner {LATE}: complete={late['complete']}, bytes by source "
+          f"{late['bytes_by_source']}, banned {late['banned_peers']}, mirror down")
+
+
+def test_web_seed_policy_others_take_nothing_from_the_mirror_while_peers_deliver(swarm):
+    for name in ("host_b", "host_c"):
+        r = swarm["results"][name]
+        assert r["web_seed_after"] is None, (name, r["events"][:5])
+        assert r["bytes_by_source"]["web_seed"] == 0
+    assert swarm["results"]["origin"]["web_seed_after"] == 0.0  # the first: from the start
+
+
+def test_web_seed_policy_falls_back_when_no_peer_delivers(swarm):
+    size = sum(f.size for f in swarm["model"]["files"])
+    r = swarm["results"]["alone"]
+    assert r["complete"] and r["web_seed_after"] >= ALONE_FALLBACK, r["events"][:5]
+    assert r["bytes_by_source"]["web_seed"] >= size - 4096, r["bytes_by_source"]
+    assert size <= swarm["egress"]["alone"] - swarm["egress"]["hosts"] <= 1.5 * size
 
 
 def test_bytes_the_lock_refuses_never_get_their_final_name(swarm):

@@ -223,6 +223,19 @@ def test_hosts_report_bytes_by_source_and_keep_seeding(fleet):
     assert "from peers" in run["output"] and "from the web seed" in run["output"]
 
 
+def test_web_seed_policy_only_the_first_host_asks_the_mirror(fleet):
+    run = fleet["runs"]["fetch"]
+    h1, h2 = (_status(run["output"], h, "Model_fetch | Follow the fetch")[0]["p2p"]
+              for h in ("h1", "h2"))
+    assert h1["web_seed_delay"] == 0 and h1["bytes_from_web_seed"] > 0, h1
+    # h2 (second in gpu_hosts) starts with peers only; h1 delivers, so it never falls back
+    assert h2["web_seed_delay"] == 30 and h2["web_seed_after"] is None, h2
+    assert h2["bytes_from_web_seed"] == 0 and h2["bytes_from_peers"] >= 3 << 20, h2
+    [line] = _status(run["output"], "h1", "Report which hosts used the web seed")
+    print(line["msg"])
+    assert line["msg"].startswith(f"{REPO}: web seed used by h1 ({h1['bytes_from_web_seed']} bytes);")
+
+
 def test_check_mode_says_what_and_from_where_and_writes_nothing(fleet):
     run = fleet["runs"]["check"]
     [res] = _status(run["output"], "late", "Model_fetch | Report what would be fetched")
@@ -245,6 +258,7 @@ def test_late_host_completes_from_peers_and_names_the_hostile_one(fleet):
     assert fleet["resolve_after_late"] == fleet["resolve_before_late"]
     [report] = _status(run["output"], "late", "Model_fetch | Report the result")
     assert f"banned peers (sent bad pieces, dropped): {HOSTS['hostile']}" in report["msg"]
+    print(report["msg"])
 
 
 def test_a_verified_host_changes_nothing(fleet):
@@ -261,6 +275,10 @@ def test_p2p_stop_ends_every_seeder(fleet):
     for h in ("h1", "h2", "late"):
         store = fleet["tmp"] / "hosts" / h / "lab/.gpufleet-revisions/tiny-p2p"
         assert p2p.seeder_state(str(store)) is None, h
+    # the stopped seeder's partial area (p2p.cleanup) is gone; the model stays
+    h1 = fleet["tmp"] / "hosts" / "h1" / "lab/tiny-p2p"
+    assert not (h1 / ".gpufleet" / p2p.P2P_DIR).exists()
+    _check_folder(h1, fleet["model"])
     pid = fleet["seeders_after_fetch"]["h1"]["pid"]
     assert not pathlib.Path(f"/proc/{pid}").exists() or \
         p2p._proc_start(pid) != fleet["seeders_after_fetch"]["h1"]["start"]

@@ -212,7 +212,8 @@ def test_check_plan_says_what_and_from_where():
     got = p2p.check_plan({"bytes_to_download": 123}, job)
     assert got == {"transport": "p2p", "would_fetch_bytes": 123,
                    "from_peers": ["10.0.0.2:7000", "[fd00::3]:7000"],
-                   "web_seed": f"{ENDPOINT}/org/m/resolve/", "listen": "10.0.0.1:7000"}
+                   "web_seed": f"{ENDPOINT}/org/m/resolve/", "web_seed_delay": 0,
+                   "listen": "10.0.0.1:7000"}
 
 
 def test_progress_shows_bytes_from_peers_and_from_the_web_seed(tmp_path):
@@ -297,3 +298,125 @@ def test_module_stop_with_no_seeder_changes_nothing(stub, tmp_path, monkeypatch)
                                              "transport": "p2p", "p2p_stop": True},
                              monkeypatch)
     assert not failed and res["changed"] is False and res["p2p"] == {"stopped": None}
+
+
+# ---------------------------------------------------------------- the web-seed policy
+
+FLEET = ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+
+
+def test_only_the_first_hosts_use_the_web_seed_from_the_start():
+    assert [p2p.web_seed_delay(h, FLEET) for h in FLEET] == [0, 30.0, 30.0, 30.0]
+    assert [p2p.web_seed_delay(h, FLEET, 2, 5) for h in FLEET] == [0, 0, 5, 5]
+    assert [p2p.web_seed_delay(h, FLEET, 0, 5) for h in FLEET] == [5] * 4  # none first
+    assert [p2p.web_seed_delay(h, FLEET, 9, 5) for h in FLEET] == [0] * 4  # every host
+    assert p2p.web_seed_delay("gpu-09", ["gpu-09"]) == 0  # a fleet of one
+    # the order is the list's (the inventory's), not the names'
+    assert p2p.web_seed_delay("gpu-04", FLEET[::-1]) == 0
+
+
+@pytest.mark.parametrize("args, match", [
+    (("gpu-01", FLEET, -1, 30), "model_fetch_p2p_web_seed_hosts"),
+    (("gpu-01", FLEET, True, 30), "model_fetch_p2p_web_seed_hosts"),
+    (("gpu-01", FLEET, "1", 30), "model_fetch_p2p_web_seed_hosts"),
+    (("gpu-01", FLEET, 1, 0), "model_fetch_p2p_web_seed_fallback"),
+    (("gpu-01", FLEET, 1, 86401), "model_fetch_p2p_web_seed_fallback"),
+    (("gpu-01", FLEET, 1, "30"), "model_fetch_p2p_web_seed_fallback"),
+    (("gpu-99", FLEET, 1, 30), "model_fetch_p2p_group")])
+def test_web_seed_policy_refused_naming_the_variable(args, match):
+    with pytest.raises(p2p.P2PError, match=match):
+        p2p.web_seed_delay(*args)
+
+
+def test_preflight_names_a_bad_web_seed_policy():
+    problems = p2p.check_settings("p2p", "never", 0, 0, 6881, -1, 30)
+    assert len(problems) == 1 and "model_fetch_p2p_web_seed_hosts" in problems[0]
+    assert filters.p2p_problems([], "p2p", "never", 0, 0, 6881, 1, 0)[0].startswith(
+        "model_fetch_p2p_web_seed_fallback")
+
+
+def test_filter_takes_extra_vars_as_strings():
+    assert filters.p2p_web_seed_delay("gpu-03", FLEET, "2", "12.5") == 12.5
+    assert filters.p2p_web_seed_delay("gpu-02", FLEET, "2", "12") == 0
+    with pytest.raises(filters.AnsibleFilterError, match="model_fetch_p2p_web_seed_hosts"):
+        filters.p2p_web_seed_delay("gpu-02", FLEET, "two", 30)
+
+
+def test_gate_opens_only_after_peers_stall():
+    gate = p2p.WebSeedGate(30, start=100.0)
+    assert not gate.due(129.9)
+    gate.peer_block(120.0)  # a peer delivered: the wait starts again
+    assert not gate.due(149.9) and gate.opened_at is None
+    assert gate.due(150.0) and gate.opened_at == 150.0
+    assert not gate.due(200.0)  # once
+
+
+def test_gate_of_a_first_host_is_open_from_the_start():
+    gate = p2p.WebSeedGate(0, start=5.0)
+    assert gate.opened_at == 5.0 and not gate.due(5.0) and not gate.due(99.0)
+
+
+def test_peer_job_carries_the_policy_and_refuses_a_bad_one():
+    assert p2p.peer_job(_opts(web_seed_delay=30.0), "org/m", ENDPOINT)["web_seed_delay"] == 30.0
+    assert p2p.peer_job(_opts(), "org/m", ENDPOINT)["web_seed_delay"] == 0
+    for bad in (-1, True, "30", 86401):
+        with pytest.raises(p2p.P2PError, match="web_seed_delay"):
+            p2p.peer_job(_opts(web_seed_delay=bad), "org/m", ENDPOINT)
+
+
+def test_summary_says_when_the_web_seed_was_added():
+    events = [{"event": "placed", "path": "a"}]
+    assert p2p.summary(events, ["a"])["web_seed_after"] is None
+    events.append({"event": "web_seed_added", "after": 31.2, "why": "..."})
+    assert p2p.summary(events, ["a"])["web_seed_after"] == 31.2
+
+
+def test_report_names_the_policy_applied(tmp_path, fake_seeder):
+    runner = p2p.Runner({})
+    runner.result = dict(p2p.summary([{"event": "web_seed_added", "after": 30.5}], []),
+                         events=[], bytes_by_source={"peers": 5, "web_seed": 7})
+    job = dict(p2p.peer_job(_opts(web_seed_delay=30), "org/m", ENDPOINT), dest=str(tmp_path))
+    result = {"path": str(tmp_path), "commit": "c" * 40, "files": []}
+    out, _changed = p2p.report(result, job, runner, str(tmp_path), "never")
+    assert (out["web_seed_delay"], out["web_seed_after"], out["bytes_from_web_seed"]) == (30, 30.5, 7)
+    out, _changed = p2p.report(result, dict(job, web_seed=None), runner, str(tmp_path), "never")
+    assert out["web_seed_delay"] is None
+
+
+def test_module_refuses_a_bad_web_seed_delay(stub, tmp_path, monkeypatch):
+    res, failed = run_module(hf_model.main, _margs(stub, tmp_path / "m" / "t", torrent="/t",
+                                                   web_seed_delay=-1), monkeypatch)
+    assert failed and "p2p_web_seed_delay" in res["msg"]
+    assert not (tmp_path / "m").exists()
+
+
+# ---------------------------------------------------------------- the partial area's end
+
+def _partial(dest, commit="c" * 40):
+    area = os.path.join(p2p.partial_root(dest), commit)
+    os.makedirs(area)
+    with open(os.path.join(area, "model.safetensors"), "wb") as fh:
+        fh.write(b"x")
+    return area
+
+
+def test_stopping_the_seeder_removes_its_partial_area(tmp_path, fake_seeder):
+    dest, store = str(tmp_path / "dest"), str(tmp_path / "store")
+    os.makedirs(store)
+    area = _partial(dest)
+    other = _partial(dest, "d" * 40)  # another commit's area stays
+    changed, state = p2p.ensure_seeder(store, dict(_job(), dest=dest), "until_rollout_end")
+    try:
+        assert changed and os.path.isdir(area)  # seeding from it
+        assert p2p.stop_seeder(store)["pid"] == state["pid"]
+        assert not os.path.exists(area) and os.path.isdir(other)
+    finally:
+        if p2p._proc_start(state["pid"]) == state["start"]:
+            os.kill(state["pid"], 9)
+
+
+def test_no_seeder_no_partial_area(tmp_path, fake_seeder):
+    dest = str(tmp_path / "dest")
+    _partial(dest)
+    assert p2p.ensure_seeder(str(tmp_path), dict(_job(), dest=dest), "never") == (False, None)
+    assert not os.path.exists(p2p.partial_root(dest))  # the root goes too, left empty

@@ -16,6 +16,11 @@ Python (importable without Ansible and without libtorrent):
   LSD, UPnP, NAT-PMP, PEX or uTP; listen and connect from one address; every address but
   the inventory's peers and the mirror is blocked (libtorrent applies the filter to web
   seeds too).
+- :func:`web_seed_delay` / :class:`WebSeedGate`: the web-seed policy, so that the mirror
+  sends about one copy whatever the fleet's size: the first host(s) of the swarm (the
+  inventory's order) use the web seed from the start; the others fetch from peers only
+  and add the web seed once no peer delivered a block for ``fallback`` seconds (a fleet
+  of one, or one whose other hosts are down, still completes).
 - :func:`web_seed_verdict`: a web seed must honour Range (206); olah 0.5.4 ignores it, so
   p2p mode refuses such an endpoint instead of fetching whole files per piece.
 - :func:`verify_file` / :func:`place_file`: each downloaded file is checked with
@@ -225,6 +230,9 @@ def settings(listen_address, port=DEFAULT_PORT, upload_rate=0, download_rate=0):
         "enable_natpmp": False, "enable_incoming_utp": False, "enable_outgoing_utp": False,
         "enable_incoming_tcp": True, "enable_outgoing_tcp": True,
         "allow_multiple_connections_per_ip": False,
+        # a fleet peer that dropped a connection is dialled again within seconds (run_peer
+        # redials the inventory's peers it has no connection with), not after a minute
+        "min_reconnect_time": 2,
         "ban_web_seeds": True,
         "upload_rate_limit": int(upload_rate), "download_rate_limit": int(download_rate),
         "user_agent": "gpufleet-p2p", "peer_fingerprint": "-GF0001-",
@@ -234,6 +242,53 @@ def settings(listen_address, port=DEFAULT_PORT, upload_rate=0, download_rate=0):
         "out_enc_policy": 2, "in_enc_policy": 2,
         "handshake_client_version": "gpufleet",
     }
+
+
+REDIAL = 2.0  # seconds between dials of the inventory's peers a host has no connection with
+WEB_SEED_HOSTS = 1  # hosts of the swarm that use the web seed from the start
+WEB_SEED_FALLBACK = 30.0  # seconds without a peer's block before the others add it
+
+
+def web_seed_delay(host, hosts, first=WEB_SEED_HOSTS, fallback=WEB_SEED_FALLBACK):
+    """Seconds `host` fetches from peers only before it may add the web seed: 0 for the
+    first `first` of `hosts` (the swarm's hosts taking part, in the inventory's order: the
+    same answer on every host), `fallback` for the others. A host not in `hosts` is
+    refused (it would not be among its peers' allow-lists)."""
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise P2PError(f"model_fetch_p2p_web_seed_hosts must be a whole number from 0 (no "
+                       f"host from the start) up, not {first!r:.40}.")
+    if isinstance(fallback, bool) or not isinstance(fallback, (int, float)) \
+            or not 0 < fallback <= 86400:
+        raise P2PError(f"model_fetch_p2p_web_seed_fallback must be a number of seconds "
+                       f"above 0 and at most 86400, not {fallback!r:.40}.")
+    hosts = list(hosts or [])
+    if host not in hosts:
+        raise P2PError(f"host {host!r:.80} is not among the swarm's hosts "
+                       f"({', '.join(map(str, hosts[:5])) or 'none'}); put it in "
+                       "model_fetch_p2p_group.")
+    return 0 if hosts.index(host) < first else fallback
+
+
+class WebSeedGate:
+    """When a host that starts with peers only adds the web seed: once no peer has
+    delivered a block for `delay` seconds (counted from the start, then from each peer
+    block), so a swarm whose peers stall, or a fleet of one, still completes. delay 0:
+    open from the start."""
+
+    def __init__(self, delay, start):
+        self.delay, self.last_peer, self.opened_at = float(delay), start, None
+        if self.delay <= 0:
+            self.opened_at = start
+
+    def peer_block(self, now):
+        self.last_peer = max(self.last_peer, now)
+
+    def due(self, now):
+        """True once, when the web seed is to be added now."""
+        if self.opened_at is not None or now - self.last_peer < self.delay:
+            return False
+        self.opened_at = now
+        return True
 
 
 def web_seed_verdict(url, status, headers):
@@ -319,6 +374,9 @@ def summary(events, carried):
         "banned_peers": sorted({e["peer"] for e in events if e["event"] == "banned"}),
         "blocked_peers": sorted({e["peer"] for e in events if e["event"] == "blocked"}),
         "hash_failures": sum(1 for e in events if e["event"] == "hash_failed"),
+        # seconds after the start when the web seed was added (None: never)
+        "web_seed_after": next((e["after"] for e in events if e["event"] == "web_seed_added"),
+                               None),
     }
 
 
@@ -394,8 +452,10 @@ def run_peer(job, log=None, progress=None):
 
     torrent (path), dest, listing ([{path, size, algorithm, digest, pinned}]), commit,
     infohash (optional), listen ("addr"), port, peers (["addr:port"]), allow (addresses),
-    web_seed (base URL, origin host only; probed first unless probe_web_seed is false:
-    one that ignores Range fails the run, one that does not answer is left out),
+    web_seed (base URL; probed first unless probe_web_seed is false: one that ignores
+    Range fails the run, one that does not answer is left out), web_seed_delay (seconds:
+    0 uses the web seed from the start, else it is added once no peer delivered a block
+    for that long: WebSeedGate),
     seed_only (dest is verified already),
     stop_file (seeding ends when it exists; without one the run ends when complete),
     upload_rate / download_rate (bytes/s, 0: no cap), timeout (seconds for the whole run;
@@ -444,17 +504,26 @@ def run_peer(job, log=None, progress=None):
         for f in carried:
             _link_for_seeding(dest, save, job["commit"], f)
         atp.flags |= lt.torrent_flags.seed_mode
+    gate, pending_seed = WebSeedGate(job.get("web_seed_delay", 0) or 0, start), None
     if job.get("web_seed"):
         try:
             if job.get("probe_web_seed", True):
                 probe_web_seed(job["web_seed"], job["commit"], carried[0].path)
-            atp.url_seeds = [job["web_seed"]]
+            if gate.opened_at is not None:
+                atp.url_seeds = [job["web_seed"]]
+                note("web_seed_added", after=0.0, why="first host(s) of the swarm")
+            else:
+                pending_seed = job["web_seed"]
         except WebSeedDown as exc:  # a seed that ignores Range is refused (P2PError)
             note("web_seed_down", message=str(exc))
     h = ses.add_torrent(atp)
+    dial = []
     for peer in job.get("peers") or []:
         host, _sep, port = peer.rpartition(":")
-        h.connect_peer((host.strip("[]"), int(port)))
+        dial.append((host.strip("[]"), int(port)))
+    for endpoint in dial:
+        h.connect_peer(endpoint)
+    last_dial = time.monotonic()
 
     files = atp.ti.files()
     index = {}
@@ -481,6 +550,8 @@ def run_peer(job, log=None, progress=None):
                 ip = _ip(a.endpoint)
                 by_peer[ip] = by_peer.get(ip, 0) + _block_bytes(ti, int(a.piece_index),
                                                                 int(a.block_index))
+                if ip != mirror_ip:
+                    gate.peer_block(time.monotonic())
             elif isinstance(a, lt.peer_ban_alert):
                 note("banned", peer=_ip(a.endpoint), message=a.message())
             elif isinstance(a, lt.peer_blocked_alert):
@@ -509,6 +580,20 @@ def run_peer(job, log=None, progress=None):
                 place_file(dest, partial, f)
                 done.add(rel)
                 note("placed", path=rel)
+        if finished_at is None and time.monotonic() - last_dial >= REDIAL:
+            # hosts that start together dial each other at once, and libtorrent drops one
+            # of two connections between the same two addresses, sometimes both: dial the
+            # inventory's peers this host has no connection with again
+            last_dial = time.monotonic()
+            connected = {_ip(p.ip) for p in h.get_peer_info()}
+            for endpoint in dial:
+                if endpoint[0] not in connected:
+                    h.connect_peer(endpoint)
+        if pending_seed and finished_at is None and gate.due(time.monotonic()):
+            h.add_url_seed(pending_seed)
+            pending_seed = None
+            note("web_seed_added", after=round(gate.opened_at - start, 3),
+                 why=f"no peer delivered a block for {gate.delay:g} s")
         if progress and time.monotonic() - last_progress >= 1.0:
             last_progress = time.monotonic()
             progress(len(done), _by_source(by_peer, mirror_ip))
@@ -578,8 +663,14 @@ def _finish(dest, job, listing, carried):
 
 
 def cleanup(dest, commit):
-    """Remove the partial area once seeding has stopped (dest's files are other links)."""
+    """Remove the partial area of `commit` once nothing seeds from it (dest's files are
+    other hard links of the same bytes): stop_seeder calls it, and ensure_seeder when the
+    policy leaves no seeder. The partial root goes too when it is left empty."""
     shutil.rmtree(os.path.join(partial_root(dest), commit), ignore_errors=True)
+    try:
+        os.rmdir(partial_root(dest))
+    except OSError:
+        pass  # absent, or another commit's area is still there
 
 
 # ---------------------------------------------------------------- fleet wiring (model_fetch)
@@ -602,10 +693,15 @@ def _whole(value, name, low, high):
     return value
 
 
-def check_settings(transport, seed, upload_rate, download_rate, port):
+def check_settings(transport, seed, upload_rate, download_rate, port,
+                   web_seed_hosts=WEB_SEED_HOSTS, web_seed_fallback=WEB_SEED_FALLBACK):
     """The fleet-wide p2p settings of model_fetch (preflight): a list of problems, each
     naming the variable and what it takes (empty: fine)."""
     problems = []
+    try:  # the web-seed policy's own rule, on a swarm of one
+        web_seed_delay("-", ["-"], web_seed_hosts, web_seed_fallback)
+    except P2PError as exc:
+        problems.append(str(exc).rstrip("."))
     if transport not in TRANSPORTS:
         problems.append(f"model_fetch_transport is {transport!r:.40}: give http or p2p")
     if seed not in SEED_POLICIES:
@@ -714,9 +810,15 @@ def peer_job(opts, repo_id, endpoint):
            "upload_rate": opts.get("upload_rate", 0) or 0,
            "download_rate": opts.get("download_rate", 0) or 0,
            "timeout": opts.get("timeout", 3600),
+           "web_seed_delay": opts.get("web_seed_delay", 0) or 0,
            "seed": opts.get("seed", "until_rollout_end"), "seed_max": opts.get("seed_max", 86400)}
     for name in ("upload_rate", "download_rate"):
         _whole(job[name], f"p2p.{name} (bytes/s, 0: no cap)", 0, MAX_RATE)
+    if isinstance(job["web_seed_delay"], bool) \
+            or not isinstance(job["web_seed_delay"], (int, float)) \
+            or not 0 <= job["web_seed_delay"] <= 86400:
+        raise P2PError(f"p2p.web_seed_delay must be a number of seconds from 0 to 86400, "
+                       f"not {job['web_seed_delay']!r:.40}.")
     if not isinstance(job["timeout"], (int, float)) or job["timeout"] <= 0:
         raise P2PError(f"p2p.timeout must be a number of seconds above 0, not "
                        f"{job['timeout']!r:.40}.")
@@ -740,6 +842,7 @@ def check_plan(result, job):
     """What check mode says about a p2p fetch: bytes from where, nothing changed."""
     return {"transport": "p2p", "would_fetch_bytes": result.get("bytes_to_download", 0),
             "from_peers": job.get("peers", []), "web_seed": job.get("web_seed"),
+            "web_seed_delay": job.get("web_seed_delay", 0),
             "listen": f"{job.get('listen')}:{job.get('port')}"}
 
 
@@ -882,6 +985,8 @@ def stop_seeder(store, wait=30.0, proc="/proc"):
     for path in (state_file, stop_file):
         if os.path.lexists(path):
             os.unlink(path)
+    if state.get("dest") and _HEX40.match(str(state.get("commit", ""))):
+        cleanup(state["dest"], state["commit"])  # nothing seeds from it any more
     return state if state["running"] else None
 
 
@@ -942,6 +1047,9 @@ def ensure_seeder(store, job, policy, check_mode=False):
     left as it is (idempotent)."""
     state = seeder_state(store)
     if not seeds_after_fetch(policy):
+        if not check_mode and not (state and state["running"]
+                                   and state.get("dest") == job["dest"]):
+            cleanup(job["dest"], job["commit"])  # nothing will seed from the partial area
         return False, state if state and state["running"] else None
     if state and state["running"] and state.get("commit") == job["commit"] \
             and state.get("infohash") == job.get("infohash"):
@@ -976,6 +1084,9 @@ def report(result, job, runner, store, policy, check_mode=False):
            "banned_peers": ran["banned_peers"] if ran else [],
            "blocked_peers": ran["blocked_peers"] if ran else [],
            "hash_failures": ran["hash_failures"] if ran else 0,
+           # the web-seed policy: 0 from the start, else seconds of no peer block first
+           "web_seed_delay": job.get("web_seed_delay", 0) if job.get("web_seed") else None,
+           "web_seed_after": ran["web_seed_after"] if ran else None,
            "web_seed_down": bool(ran) and any(e["event"] == "web_seed_down"
                                               for e in ran["events"])}
     changed, state = ensure_seeder(store, seeder_job(result, job), policy)
