@@ -462,6 +462,8 @@ def test_matrix_refuses_bad_input(kwargs, message):
 
 LAB = FIXTURES / "bench" / "lab-2026-12-02"
 LAB_KNEE = FIXTURES / "bench" / "lab-2026-12-03" / "curve"
+# the same 7-point curve on an idle machine, after a clean-clone CI run (issue #34 item 7)
+LAB_IDLE = FIXTURES / "bench" / "lab-2026-12-07" / "curve"
 
 
 def lab_files(part):
@@ -485,7 +487,7 @@ def _little_cliffs(raws, p99_jump=2.0):
 
 
 @pytest.mark.parametrize("path", lab_files("preset") + lab_files("curve")
-                         + sorted(LAB_KNEE.glob("*.json")),
+                         + sorted(LAB_KNEE.glob("*.json")) + sorted(LAB_IDLE.glob("*.json")),
                          ids=lambda p: f"{p.parents[1].name}/{p.parent.name}/{p.name}")
 def test_recorded_lab_point_reads_as_vllm_wrote_it(path):
     raw = json.loads(path.read_text())
@@ -563,12 +565,34 @@ def test_recorded_lab_curve_lab_h200_c1_to_64_has_its_knee_at_16():
 REPORTED = FIXTURES / "bench" / "reported-34-7" / "curve"
 
 
+def test_lab_curve_on_an_idle_machine_has_its_knee_at_16_and_no_cliff():
+    """The 7-point lab-h200 curve run on an idle machine right after a clean-clone CI run
+    (tests/fixtures/bench/SOURCES.md, lab-2026-12-07): throughput rises at every level
+    (33.3 -> 210.9 tok/s), nothing failed, no preemption: kneed's knee is at 16 (x1.32
+    from 8 to 16, x1.15 to 32), and there is no cliff and no finding."""
+    from kneed import KneeLocator
+
+    raws = sorted((json.loads(p.read_text()) for p in LAB_IDLE.glob("*.json")),
+                  key=lambda r: r["max_concurrency"])
+    cs = [r["max_concurrency"] for r in raws]
+    tput = [r["total_output_tokens"] / r["duration"] for r in raws]
+    assert cs == [1, 2, 4, 8, 16, 32, 64] and tput == sorted(tput)
+    assert sum(r["failed"] for r in raws) == 0
+    assert KneeLocator(cs, tput, curve="concave", direction="increasing").knee == 16
+    group = one([b.point_from_result(p) for p in LAB_IDLE.glob("*.json")])
+    assert group["knee"]["concurrency"] == 16
+    assert "171 tok/s there, 211 tok/s at concurrency 64" in group["knee"]["detail"]
+    assert group["cliff"] is None and group["findings"] == []
+    assert "delivered at every one of the 7 point(s)" in group["why_no_cliff"]
+
+
 def _all_recorded_groups():
     """Every recorded curve: the 2026-12-02 preset (4 groups of 2 points) and 5-point
-    curve, the 2026-12-03 7-point curve, and the curve of issue #34 item 7's report
-    (tests/fixtures/bench/SOURCES.md)."""
+    curve, the 2026-12-07 and 2026-12-03 7-point curves, and the curve of issue #34 item
+    7's report (tests/fixtures/bench/SOURCES.md)."""
     return (b.analyse([b.point_from_result(p) for p in lab_files("preset")])
             + b.analyse([b.point_from_result(p) for p in lab_files("curve")])
+            + b.analyse([b.point_from_result(p) for p in LAB_IDLE.glob("*.json")])
             + b.analyse([b.point_from_result(p) for p in LAB_KNEE.glob("*.json")])
             + b.analyse([b.point_from_result(p) for p in REPORTED.glob("*.json")]))
 
@@ -641,7 +665,7 @@ def test_knee_and_cliff_are_consistent_on_every_curve():
     the figures show the service stop delivering (a failure, or throughput or goodput
     falling), worked out here from the rows, not by the rules under test."""
     groups = _all_recorded_groups() + _synthetic_groups()
-    assert len(groups) == 7 + 7
+    assert len(groups) == 8 + 7
     problems = [p for g in groups for p in _planner_problems(g, g["knee"], g["cliff"])]
     assert problems == []
     for g in groups:
