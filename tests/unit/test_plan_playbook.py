@@ -83,10 +83,9 @@ def _plan_commands(report):
     return {item["msg"]["model"]: item["msg"] for item in printed[0]["results"]}
 
 
-def _role_args(tmp_path, inventory):
-    """The role's own choice: its `tune` entry point after gpu_facts, as preflight runs it."""
-    pb = tmp_path / "role-tune.yml"
-    pb.write_text(f"""
+def _role_tune_play():
+    """A play running the role's `tune` entry point after gpu_facts, as preflight runs it."""
+    return f"""
 - hosts: h
   gather_facts: false
   tasks:
@@ -97,9 +96,15 @@ def _role_args(tmp_path, inventory):
       ansible.builtin.include_role:
         name: gpufleet.fleet.vllm_server
         tasks_from: tune
-    - name: Test | Show them
+"""
+
+
+def _role_args(tmp_path, inventory):
+    """The role's own choice: its `tune` entry point after gpu_facts, as preflight runs it."""
+    pb = tmp_path / "role-tune.yml"
+    pb.write_text(_role_tune_play() + """    - name: Test | Show them
       ansible.builtin.debug:
-        msg: "{{{{ vllm_server_tunes.results | map(attribute='args') | list }}}}"
+        msg: "{{ vllm_server_tunes.results | map(attribute='args') | list }}"
 """)
     proc = _playbook(inventory, pb)
     assert proc.returncode == 0, proc.stdout[-4000:]
@@ -203,18 +208,7 @@ def test_the_role_refuses_a_draft_it_cannot_read_before_any_change(tmp_path):
                       speculative_model_path=str(missing))])
     inventory = _inventory(tmp_path, models)
     pb = tmp_path / "role-tune.yml"
-    pb.write_text(f"""
-- hosts: h
-  gather_facts: false
-  tasks:
-    - name: Test | Gather GPU facts as the role's preflight does
-      gpufleet.fleet.gpu_facts:
-        nvidia_smi_xml: "{XML}"
-    - name: Test | Choose settings with the role
-      ansible.builtin.include_role:
-        name: gpufleet.fleet.vllm_server
-        tasks_from: tune
-""")
+    pb.write_text(_role_tune_play())
     proc = _playbook(inventory, pb)
     assert proc.returncode != 0
     (tuned,) = _task_results(_report(proc), "gpufleet.fleet.vllm_server : VLLM server | "
