@@ -470,6 +470,14 @@ def lab_files(part):
     return sorted((LAB / part).rglob("*.json"))
 
 
+def _raw_curve(paths):
+    """vLLM's saved results of one curve, by concurrency: (the results, the concurrency
+    levels, output throughput worked out from each result's own totals)."""
+    raws = sorted((json.loads(p.read_text()) for p in paths), key=lambda r: r["max_concurrency"])
+    return (raws, [r["max_concurrency"] for r in raws],
+            [r["total_output_tokens"] / r["duration"] for r in raws])
+
+
 def _little_cliffs(raws, p99_jump=2.0):
     """The p99 jump rule worked out here from the raw files, concurrency ascending: the
     first (concurrency, metric) whose p99 grew more than p99_jump x what the growth of
@@ -522,10 +530,7 @@ def test_recorded_lab_curve_lab_h200_c1_to_16():
     cliff where the figures put it (worked out above from the raw files alone)."""
     from kneed import KneeLocator
 
-    raws = sorted((json.loads(p.read_text()) for p in lab_files("curve")),
-                  key=lambda r: r["max_concurrency"])
-    cs = [r["max_concurrency"] for r in raws]
-    tput = [r["total_output_tokens"] / r["duration"] for r in raws]
+    raws, cs, tput = _raw_curve(lab_files("curve"))
     assert cs == [1, 2, 4, 8, 16] and tput == sorted(tput)
     assert KneeLocator(cs, tput, curve="concave", direction="increasing").knee is None
     group = one([b.point_from_result(p) for p in lab_files("curve")])
@@ -544,10 +549,7 @@ def test_recorded_lab_curve_lab_h200_c1_to_64_has_its_knee_at_16():
     figures alone; the cliff is still the p99 TTFT rule's first firing."""
     from kneed import KneeLocator
 
-    raws = sorted((json.loads(p.read_text()) for p in LAB_KNEE.glob("*.json")),
-                  key=lambda r: r["max_concurrency"])
-    cs = [r["max_concurrency"] for r in raws]
-    tput = [r["total_output_tokens"] / r["duration"] for r in raws]
+    raws, cs, tput = _raw_curve(LAB_KNEE.glob("*.json"))
     assert cs == [1, 2, 4, 8, 16, 32, 64] and tput == sorted(tput)
     knee = KneeLocator(cs, tput, curve="concave", direction="increasing").knee
     assert knee == 16
@@ -572,10 +574,7 @@ def test_lab_curve_on_an_idle_machine_has_its_knee_at_16_and_no_cliff():
     from 8 to 16, x1.15 to 32), and there is no cliff and no finding."""
     from kneed import KneeLocator
 
-    raws = sorted((json.loads(p.read_text()) for p in LAB_IDLE.glob("*.json")),
-                  key=lambda r: r["max_concurrency"])
-    cs = [r["max_concurrency"] for r in raws]
-    tput = [r["total_output_tokens"] / r["duration"] for r in raws]
+    raws, cs, tput = _raw_curve(LAB_IDLE.glob("*.json"))
     assert cs == [1, 2, 4, 8, 16, 32, 64] and tput == sorted(tput)
     assert sum(r["failed"] for r in raws) == 0
     assert KneeLocator(cs, tput, curve="concave", direction="increasing").knee == 16
