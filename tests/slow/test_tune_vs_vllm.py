@@ -11,9 +11,9 @@ with kv_log.parse_kv_cache_log and compares it with the module's `prediction`
 (within one 128-token block). The only flags added to the module's args are the
 listen address and port, which belong to the deployment, not to the tuning.
 
-Both lab decoders are checked, tiny-llama in bfloat16 and SmolLM2-135M in float32 (the
-lab serves SmolLM2 in float32: docs/lab-vllm.md), each at two KV budgets, one
-at a max_model_len that is not a multiple of the block size (vLLM 0.32 then logs
+Both lab decoders are checked, tiny-llama in bfloat16 at two KV budgets and SmolLM2-135M
+in float32 (the lab serves SmolLM2 in float32: docs/lab-vllm.md) at one; one tiny-llama
+case has a max_model_len that is not a multiple of the block size (vLLM 0.32 then logs
 `max_concurrency * max_model_len`, not `num_blocks * 128`:
 vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity). A third family covers the
 hybrid KV cache: gpufleet/tiny-gemma3 (Gemma3ForCausalLM, model_type gemma3_text,
@@ -37,12 +37,11 @@ Containers are named tunecheck-* and started one at a time, removed whatever hap
 every wait is bounded. They share one vLLM cache folder (VLLM_CACHE_ROOT, as
 vllm_server_cache_root gives a deployment), so the starts after the first of a model
 class skip vLLM's model-class inspection; what the test compares (the KV cache sizing)
-is computed at every start. Seven starts (eight since tiny-cohere2, 2026-12-04; ten
-since tiny-gemma4, 2026-12-05): 28-33 s each, 3.5 minutes for the file, on 2 cores
-otherwise idle (2026-12-03; the two tiny-gemma3 cases add 57 s); 35-120 s each when the
-cores are shared with a running lab. With the shared cache folder: 20-28 s each, 7 passed
-in 2 min 51 s (2026-12-04, idle); the two tiny-gemma4 cases: healthy after 25 and 19 s,
-45 s for the pair (`-k gemma4`, 2026-12-05).
+is computed at every start. Eight starts, 20-28 s each on 2 idle cores, 35-120 s each
+when the cores are shared with a running lab. (A second SmolLM2 budget, 256 MiB, was a
+ninth start until 2026-12-07: the arithmetic at any budget is checked against vLLM's own
+functions by tests/slow/test_kv_plan_vs_vllm.py; a start here is kept per code path:
+a dtype, a length off the block size, a sliding window, unified page sizes.)
 """
 import pathlib
 import subprocess
@@ -216,7 +215,6 @@ DECODER_CASES = [
     ("gpufleet/tiny-llama", "bfloat16", 256, 100_000_000, 2),
     ("gpufleet/tiny-llama", "bfloat16", 200, 16 * 1024 * 1024, 2),
     ("HuggingFaceTB/SmolLM2-135M-Instruct", "float32", 256, 64 * 1024 * 1024, 2),
-    ("HuggingFaceTB/SmolLM2-135M-Instruct", "float32", 256, 256 * 1024 * 1024, 2),
     ("gpufleet/tiny-gemma3", "bfloat16", 4096, 16 * 1024 * 1024, 137),
     ("gpufleet/tiny-gemma3", "bfloat16", 1000, 8 * 1024 * 1024, 53),
     ("gpufleet/tiny-cohere2", "bfloat16", 4096, 16 * 1024 * 1024, 98),
