@@ -301,7 +301,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import model_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.model import (
-    ModelError, describe_config, describe_model_dir, model_summary)
+    ModelError, describe, describe_dir, model_summary)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.speculative import SpeculativeError, describe_draft
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.engine_args import check_extra_args
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.tune import (
@@ -377,14 +377,13 @@ def main():
                          reasons=[])
     try:
         if p["model_path"]:
-            model = describe_model_dir(p["model_path"], p["allow_unknown_architecture"],
-                                       p["weights_bytes"])
+            model = describe_dir(p["model_path"], p["allow_unknown_architecture"],
+                                 p["weights_bytes"])
         else:
-            model = describe_config(p["model_config"], weights_bytes=p["weights_bytes"],
-                                    weights_source="weights_bytes option",
-                                    allow_unknown_architecture=p[
-                                        "allow_unknown_architecture"],
-                                    source="model_config (config.json)")
+            model = describe(p["model_config"], weights_bytes=p["weights_bytes"],
+                             weights_source="weights_bytes option",
+                             allow_unknown_architecture=p["allow_unknown_architecture"],
+                             source="model_config (config.json)")
     except ModelError as exc:
         module.fail_json(msg=str(exc), changed=False, reasons=[])
     draft = None

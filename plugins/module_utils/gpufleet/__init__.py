@@ -27,6 +27,8 @@ Models and their weights
 Tuning vLLM
   model            a model's description (layers, heads, KV layout) from its folder or its
                    config.json; the weights' bytes from safetensors headers
+  model_description  ModelDescription, the typed record describe builds and the tuner reads
+                   by attribute (as_dict() at the modules' boundary)
   model_families   what each family's config means for its KV cache: the tables keyed by
                    model_type and FAMILY_RULES, the per-family rules describe_config applies
   model_fields     a model description's errors and the checks of one config field

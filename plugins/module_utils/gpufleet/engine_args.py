@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 
 from . import model_lock, vllm_flags
+from .model_description import ModelDescription
 from .tune_errors import TuneError
 
 __all__ = ["TUNED", "SERVER", "NOT_MODELLED", "READ", "PASSED", "CLASSES", "HF_OVERRIDES_ALLOWED",
@@ -498,7 +499,8 @@ def check_remote_config(model, extra_args, reasons):
     --trust-remote-code: refuse the plan unless extra_args says
     so, rather than let the container fail at start. gpufleet never adds the flag itself:
     it runs the repository's Python."""
-    remote = model.get("remote_config_class")
+    model = ModelDescription.of(model)
+    remote = model.remote_config_class
     if not remote:
         return
     if "--trust-remote-code" not in extra_args:
@@ -517,6 +519,7 @@ def check_trust_remote_code(model, extra_args, lock, reasons):
     the model's lock (model_lock, written on the control node from a trusted source) pins
     every *.py file the model has (the folder's, and every module auto_map names) with
     the sha256 the folder holds, and auto_map names no other repository's code."""
+    model = ModelDescription.of(model)
     if not extra_toggle(extra_args, "trust-remote-code", False):
         return
     if lock is None:
@@ -529,7 +532,7 @@ def check_trust_remote_code(model, extra_args, lock, reasons):
         lock = model_lock.parse_lock(lock)
     except model_lock.LockError as exc:
         raise TuneError(f"lock: {exc}") from None
-    files = model.get("python_files") or {}
+    files = model.python_files or {}
     unpinned = model_lock.unpinned_python(lock, files)
     if unpinned:
         raise TuneError(
@@ -543,7 +546,7 @@ def check_trust_remote_code(model, extra_args, lock, reasons):
                 f"--trust-remote-code refused: {path}: the lock pins sha256 "
                 f"{lock.files[path]}, the model folder holds sha256 {digest}. Fetch the "
                 "model again with its lock (model_fetch).")
-    repos = model.get("remote_code_repos") or []
+    repos = model.remote_code_repos or []
     if repos:
         raise TuneError(
             f"--trust-remote-code refused: config.json's auto_map names code of another "

@@ -17,13 +17,18 @@ import struct
 
 from . import deepseek_v4
 from . import model_families as families
+from .model_description import ModelDescription, ModelDescriptionError
 from .model_fields import (ModelError, UnsupportedModelError, field_name, first_of,
                            is_int, optional_int, positive_int, positive_number)
 
 __all__ = [
     "ModelError",
+    "ModelDescription",
+    "ModelDescriptionError",
     "UnsupportedModelError",
+    "describe",
     "describe_config",
+    "describe_dir",
     "describe_model_dir",
     "model_summary",
     "safetensors_file_info",
@@ -373,9 +378,17 @@ def _attention(text, model_type, v4, encoder_only, num_layers, kv_heads, num_hea
 def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=None,
                     sentence_transformers=False, allow_unknown_architecture=False,
                     name=None, source="config.json"):
+    """describe(...) as the plain mapping the modules return (ModelDescription.as_dict)."""
+    return describe(cfg, weights_bytes, weights_source, weights_dtype, sentence_transformers,
+                    allow_unknown_architecture, name, source).as_dict()
+
+
+def describe(cfg, weights_bytes=None, weights_source=None, weights_dtype=None,
+             sentence_transformers=False, allow_unknown_architecture=False,
+             name=None, source="config.json"):
     """Describe a model from its config.json mapping.
 
-    Returns a plain dict (see docs/tuning.md, "Model description"). Raises ModelError
+    Returns a ModelDescription (see docs/tuning.md, "Model description"). Raises ModelError
     naming the missing fields, UnsupportedModelError for attention kinds the tuner does
     not model, and for an architecture outside families.KNOWN_MODEL_TYPES unless
     allow_unknown_architecture is true.
@@ -433,7 +446,7 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         positive_int(num_experts, field_name(text, "n_routed_experts", "num_local_experts",
                                              "num_experts"), source)
     remote_modules, remote_repos = auto_map_modules(cfg)
-    desc = {
+    return ModelDescription.of({
         "name": name or (architectures[0] if architectures else model_type),
         "architectures": architectures,
         "model_type": model_type,
@@ -490,8 +503,7 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         "weights_bytes": weights_bytes,
         "weights_source": weights_source,
         "weights_dtype": weights_dtype,
-    }
-    return desc
+    })
 
 
 def auto_map_modules(cfg):
@@ -540,7 +552,13 @@ def python_files_in(path):
 
 
 def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=None):
-    """Describe the model stored in a local folder (config.json + safetensors)."""
+    """describe_dir(...) as the plain mapping the modules return."""
+    return describe_dir(path, allow_unknown_architecture, weights_bytes).as_dict()
+
+
+def describe_dir(path, allow_unknown_architecture=False, weights_bytes=None):
+    """Describe the model stored in a local folder (config.json + safetensors) as a
+    ModelDescription."""
     if not os.path.isdir(path):
         raise ModelError(f"model_path {path} is not a directory")
     config_path = os.path.join(path, "config.json")
@@ -559,17 +577,18 @@ def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=Non
         weights = {"bytes": weights_bytes, "source": "weights_bytes option", "dtype": None}
     st_files = any(os.path.isfile(os.path.join(path, f))
                    for f in SENTENCE_TRANSFORMERS_FILES)
-    desc = describe_config(cfg, weights_bytes=weights["bytes"],
-                           weights_source=weights["source"], weights_dtype=weights["dtype"],
-                           sentence_transformers=st_files,
-                           allow_unknown_architecture=allow_unknown_architecture,
-                           name=os.path.basename(os.path.normpath(path)),
-                           source=config_path)
+    desc = describe(cfg, weights_bytes=weights["bytes"],
+                    weights_source=weights["source"], weights_dtype=weights["dtype"],
+                    sentence_transformers=st_files,
+                    allow_unknown_architecture=allow_unknown_architecture,
+                    name=os.path.basename(os.path.normpath(path)),
+                    source=config_path)
     # vLLM 0.32.0 config/model.py:2129-2141, 2552-2557: a pooling model whose hf_config
     # says position_embedding_type "absolute" (BERT, XLM-RoBERTa) is also held to its
     # tokenizer_config.json model_max_length (bge-m3: 8,194 positions, 8,192 tokens).
     tok_path = os.path.join(path, "tokenizer_config.json")
-    if desc["kind"] == "pooling" and cfg.get("position_embedding_type") == "absolute" \
+    max_len = desc.max_position_embeddings
+    if desc.kind == "pooling" and cfg.get("position_embedding_type") == "absolute" \
             and os.path.isfile(tok_path):
         try:
             with open(tok_path, encoding="utf-8") as handle:
@@ -577,11 +596,11 @@ def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=Non
         except (ValueError, AttributeError) as exc:
             raise ModelError(f"{tok_path} is not a JSON object: {exc}") from exc
         if isinstance(tok_max, (int, float)) and not isinstance(tok_max, bool) \
-                and 0 < tok_max < desc["max_position_embeddings"]:
-            desc["max_position_embeddings"] = int(tok_max)
-    desc["sentence_max_seq_length"] = _sentence_max_seq_length(path)
-    desc["python_files"] = {**desc.get("python_files", {}), **python_files_in(path)}
-    return desc
+                and 0 < tok_max < max_len:
+            max_len = int(tok_max)
+    return desc.replace(max_position_embeddings=max_len,
+                        sentence_max_seq_length=_sentence_max_seq_length(path),
+                        python_files={**desc.python_files, **python_files_in(path)})
 
 
 def _sentence_max_seq_length(path):
@@ -607,10 +626,11 @@ def _sentence_max_seq_length(path):
 
 
 def model_summary(desc):
-    """The description with per-layer kinds folded into counts, for reports."""
-    out = dict(desc)
+    """The description (a ModelDescription or its mapping) as a mapping with per-layer
+    kinds folded into counts, for reports and the modules' return."""
+    out = ModelDescription.of(desc).as_dict()
     counts = {}
-    for kind in desc.get("layer_kinds") or []:
+    for kind in out["layer_kinds"]:
         counts[kind] = counts.get(kind, 0) + 1
     out["layer_kinds"] = counts
     return out
