@@ -305,7 +305,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.model impo
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.speculative import SpeculativeError, describe_draft
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.engine_args import check_extra_args
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.tune import (
-    DEFAULT_VLLM_VERSION, NoFitError, TuneError, plan)
+    DEFAULT_VLLM_VERSION, NoFitError, TuneError, make_plan)
 
 KV_DTYPES = ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla"]
 
@@ -394,7 +394,7 @@ def main():
             module.fail_json(msg=str(exc), changed=False, reasons=[])
 
     try:
-        result = plan(
+        result = make_plan(
             model, gpus, max_model_len=p["max_model_len"],
             target_concurrency=p["target_concurrency"],
             gpu_memory_utilization=p["gpu_memory_utilization"],
@@ -412,7 +412,7 @@ def main():
     except TuneError as exc:
         module.fail_json(msg=str(exc), changed=False, model=model_summary(model),
                          reasons=[])
-    module.exit_json(changed=False, model=model_summary(model), **result)
+    module.exit_json(changed=False, model=model_summary(model), **result.as_dict())
 
 
 if __name__ == "__main__":

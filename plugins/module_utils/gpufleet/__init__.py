@@ -34,6 +34,8 @@ Tuning vLLM
   model_fields     a model description's errors and the checks of one config field
   tune             the planner behind vllm_tune: settings, checks, reasons, `vllm serve` args
   tune_errors      the tuner's errors (TuneError, NoFitError)
+  tune_plan        TunePlan and its Prediction, the typed records the tuner returns
+                   (as_dict() at the module's boundary)
   kv_memory        the KV cache as vLLM lays it out: pages, blocks, tokens, concurrency,
                    pipeline stages
   kv_log           what vLLM's start-up log says about the KV cache, against a prediction

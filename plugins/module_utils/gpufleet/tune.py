@@ -42,12 +42,14 @@ from . import deepseek_v4, engine_args, kv_memory, serve_dtype, speculative, vll
 from .arch import ArchError, architecture, parse_compute_capability
 from .model_description import ModelDescription
 from .tune_errors import NoFitError, TuneError
+from .tune_plan import GroupPrediction, Prediction, TunePlan
 
 __all__ = [
     "NoFitError",
     "TuneError",
     "DEFAULT_VLLM_VERSION",
     "estimate_overhead_bytes",
+    "make_plan",
     "plan",
     "tp_problem",
 ]
@@ -709,18 +711,25 @@ def _runner(model, pooling, version, reasons):
     return "pooling", convert
 
 
-def plan(model, gpus, max_model_len="auto", target_concurrency=None,
-         gpu_memory_utilization=None, kv_cache_dtype="auto", allow_fp8=False,
-         kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
-         tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
-         overhead_bytes=None, enforce_eager=False, block_size=None, expert_parallel=None,
-         pipeline_parallel_size=1, draft_model=None, lock=None):
-    """Choose vLLM settings for `model` on `gpus`; see the module docstring.
+def plan(model, gpus, *args, **options):
+    """make_plan(...) as the mapping the vllm_tune module returns: {"settings",
+    "reasons", "prediction", "args"} (TunePlan.as_dict)."""
+    return make_plan(model, gpus, *args, **options).as_dict()
+
+
+def make_plan(model, gpus, max_model_len="auto", target_concurrency=None,
+              gpu_memory_utilization=None, kv_cache_dtype="auto", allow_fp8=False,
+              kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
+              tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
+              overhead_bytes=None, enforce_eager=False, block_size=None, expert_parallel=None,
+              pipeline_parallel_size=1, draft_model=None, lock=None):
+    """Choose vLLM settings for `model` (a ModelDescription or its mapping) on `gpus`;
+    see the module docstring.
 
     lock: the model's lock (gpufleet.model_lock), required by --trust-remote-code.
 
-    Returns {"args", "settings", "prediction", "reasons"}. Raises TuneError for bad
-    input and NoFitError (with `nearest` and the partial result) when nothing fits.
+    Returns a TunePlan (gpufleet.tune_plan). Raises TuneError for bad input and
+    NoFitError (with `nearest` and the partial result) when nothing fits.
     draft_model: the EAGLE draft's description (speculative.describe_draft) when
     extra_args' --speculative-config names one.
     """
@@ -828,30 +837,35 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     if spec is not None:
         settings["speculative"] = dict(settings["speculative"],
                                        async_scheduling=bool(ctx["async"]))
-    result = ctx["result"]
-    result["prediction"] = {
-        "kv_bytes_per_token": layout["per_token_layer_bytes"] * layout["num_layers"],
-        "kv_bytes_per_token_per_layer": layout["per_token_layer_bytes"],
-        "weights_bytes_per_gpu": chosen["weights_per_gpu"],
-        "overhead_bytes_per_gpu": chosen["overhead"],
-        "kv_cache_bytes": chosen["kv_bytes"],
-        "num_blocks": num_blocks,
-        "kv_cache_tokens": tokens,
-        "max_concurrency": round(concurrency, 2) if concurrency is not None else None,
-        "max_model_len_that_fits": chosen["fit_len"],
-    }
-    if pp > 1:
-        result["prediction"]["pipeline_stages"] = chosen["stages"]
+    prediction = _prediction(ctx, chosen, final_len, num_blocks, tokens, concurrency)
+    args = _args(settings, vllm_version, list(extra_args or []), reasons)
+    return TunePlan(settings=settings, reasons=tuple(reasons), prediction=prediction,
+                    args=tuple(args))
+
+
+def _prediction(ctx, chosen, final_len, num_blocks, tokens, concurrency):
+    """The Prediction of the chosen layout: bytes, blocks, tokens, requests at once."""
+    layout = chosen["layout"]
+    groups = None
     if "kv_cache_groups" in layout:
-        result["prediction"].update({
-            "kv_cache_groups": layout["kv_cache_groups"],
-            "bytes_per_block": layout["bytes_per_block"],
-            "blocks_per_request": kv_memory.blocks_per_request(layout, final_len, ctx["mnbt"]),
-            "fixed_blocks_per_request": kv_memory.fixed_blocks_per_request(
-                layout, kv_memory.in_flight_tokens(layout, ctx["mnbt"])),
-        })
-    result["args"] = _args(settings, vllm_version, list(extra_args or []), reasons)
-    return result
+        groups = GroupPrediction(
+            kv_cache_groups=layout["kv_cache_groups"],
+            bytes_per_block=layout["bytes_per_block"],
+            blocks_per_request=kv_memory.blocks_per_request(layout, final_len, ctx["mnbt"]),
+            fixed_blocks_per_request=kv_memory.fixed_blocks_per_request(
+                layout, kv_memory.in_flight_tokens(layout, ctx["mnbt"])))
+    return Prediction(
+        kv_bytes_per_token=layout["per_token_layer_bytes"] * layout["num_layers"],
+        kv_bytes_per_token_per_layer=layout["per_token_layer_bytes"],
+        weights_bytes_per_gpu=chosen["weights_per_gpu"],
+        overhead_bytes_per_gpu=chosen["overhead"],
+        kv_cache_bytes=chosen["kv_bytes"],
+        num_blocks=num_blocks,
+        kv_cache_tokens=tokens,
+        max_concurrency=round(concurrency, 2) if concurrency is not None else None,
+        max_model_len_that_fits=chosen["fit_len"],
+        pipeline_stages=chosen["stages"] if ctx["pp"] > 1 else None,
+        groups=groups)
 
 
 def _expert_parallel(model, tp, requested, reasons):
