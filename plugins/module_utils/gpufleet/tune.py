@@ -805,18 +805,8 @@ def make_plan(model, gpus, max_model_len="auto", target_concurrency=None,
         reasons.append(f"target_concurrency {opts['requests']}: {concurrency:.2f} requests "
                        f"of {final_len:,} tokens fit at once.")
     runner, convert = _runner(model, ctx["pooling"], vllm_version, reasons)
-    docker = {}
     ep = _expert_parallel(model, tp, expert_parallel, reasons)
-    if tp * pp > 1:
-        docker = {"ipc_mode": "host"}
-        what = (f"tensor parallelism over {tp} GPUs" if pp == 1 else
-                f"tensor x pipeline parallelism over {tp * pp} GPUs")
-        reasons.append(f"docker ipc_mode host: {what} shares "
-                       "memory between workers; Docker's 64 MB /dev/shm hangs them "
-                       "(or set shm_size to several GiB).")
-    env = {}
-    if opts["wanted_len"] and opts["wanted_len"] > opts["limit"]:
-        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    docker, env = _container(tp, pp, opts, reasons)
     emits_util = not hw["cpu"] and opts["kv_cache_memory_bytes"] is None
     settings.update({
         "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "replicas": replicas, "max_model_len": final_len,
@@ -841,6 +831,22 @@ def make_plan(model, gpus, max_model_len="auto", target_concurrency=None,
     args = _args(settings, vllm_version, list(extra_args or []), reasons)
     return TunePlan(settings=settings, reasons=tuple(reasons), prediction=prediction,
                     args=tuple(args))
+
+
+def _container(tp, pp, opts, reasons):
+    """(docker options, environment) of the container the plan runs in."""
+    docker = {}
+    if tp * pp > 1:
+        docker = {"ipc_mode": "host"}
+        what = (f"tensor parallelism over {tp} GPUs" if pp == 1 else
+                f"tensor x pipeline parallelism over {tp * pp} GPUs")
+        reasons.append(f"docker ipc_mode host: {what} shares "
+                       "memory between workers; Docker's 64 MB /dev/shm hangs them "
+                       "(or set shm_size to several GiB).")
+    env = {}
+    if opts["wanted_len"] and opts["wanted_len"] > opts["limit"]:
+        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    return docker, env
 
 
 def _prediction(ctx, chosen, final_len, num_blocks, tokens, concurrency):
