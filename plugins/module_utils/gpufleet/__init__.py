@@ -44,7 +44,8 @@ Tuning vLLM
   deepseek_v4      DeepSeek-V4's KV cache as vLLM 0.32.0 plans it
   speculative      speculative decoding (EAGLE, MTP, n-gram) as vLLM 0.32.0 sizes it
   engine_args      every `vllm serve` argument, classified (read, refused, passed through);
-                   a model entry's extra_args checked (secrets, --trust-remote-code)
+                   a model entry's extra_args checked (secrets, --trust-remote-code); a
+                   plan's settings as the `vllm serve` argument list (serve_args)
 
 Serving, the gateway, rollouts
   serve            containers to run, the readiness gate, log diagnosis, the instance list

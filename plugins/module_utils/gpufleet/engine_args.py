@@ -40,7 +40,7 @@ from .tune_errors import TuneError
 
 __all__ = ["TUNED", "SERVER", "NOT_MODELLED", "READ", "PASSED", "CLASSES", "HF_OVERRIDES_ALLOWED",
            "classify", "refusal", "flag_of", "hf_overrides_refusal", "first_refusal",
-           "SECRET_FLAGS", "check_extra_args", "models_with_secret_args"]
+           "SECRET_FLAGS", "check_extra_args", "models_with_secret_args", "serve_args"]
 
 # flag -> the vllm_tune option (or what) sets it
 TUNED = {
@@ -587,3 +587,42 @@ def translate_extra_args(extra_args, version, reasons):
                 arg = old[0]
         out.append(arg)
     return out
+
+
+def serve_args(settings, version, extra_args, reasons):
+    """The arguments of `vllm serve MODEL ...` for a plan's settings (gpufleet.tune's
+    TunePlan.settings), in order, then extra_args translated for `version`."""
+    args = []
+    if settings["runner"] == "pooling":
+        if vllm_flags.version_at_least(version, vllm_flags.flag_change("runner_convert")["since"]):
+            args += ["--runner", "pooling"]
+            if settings["convert"]:
+                args += ["--convert", settings["convert"]]
+        else:
+            args += ["--task", "embed"]
+    args += ["--tensor-parallel-size", str(settings["tensor_parallel_size"])]
+    if settings.get("pipeline_parallel_size", 1) > 1:
+        args += ["--pipeline-parallel-size", str(settings["pipeline_parallel_size"])]
+    args += ["--max-model-len", str(settings["max_model_len"]),
+             "--max-num-seqs", str(settings["max_num_seqs"]),
+             "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]),
+             "--dtype", settings["dtype"]]
+    if settings.get("emit_block_size"):
+        args += ["--block-size", str(settings["block_size"])]
+    if settings.get("enable_expert_parallel"):
+        args.append("--enable-expert-parallel")
+    if settings["kv_cache_memory_bytes"] is not None:
+        args += ["--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"])]
+    elif settings["gpu_memory_utilization"] is not None:
+        args += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
+    if settings["kv_cache_dtype"] != "auto":
+        args += ["--kv-cache-dtype", settings["kv_cache_dtype"]]
+    if settings["enable_prefix_caching"]:
+        args.append("--enable-prefix-caching")
+    if settings["enable_chunked_prefill"]:
+        args.append("--enable-chunked-prefill")
+    extra = translate_extra_args(extra_args, version, reasons)
+    if settings["enforce_eager"] and "--enforce-eager" not in extra:
+        # The plan reserved no CUDA-graph memory; vLLM must not capture graphs either.
+        args.append("--enforce-eager")
+    return args + extra

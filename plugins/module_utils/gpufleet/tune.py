@@ -828,7 +828,7 @@ def make_plan(model, gpus, max_model_len="auto", target_concurrency=None,
         settings["speculative"] = dict(settings["speculative"],
                                        async_scheduling=bool(ctx["async"]))
     prediction = _prediction(ctx, chosen, final_len, num_blocks, tokens, concurrency)
-    args = _args(settings, vllm_version, list(extra_args or []), reasons)
+    args = engine_args.serve_args(settings, vllm_version, list(extra_args or []), reasons)
     return TunePlan(settings=settings, reasons=tuple(reasons), prediction=prediction,
                     args=tuple(args))
 
@@ -901,43 +901,6 @@ def _expert_parallel(model, tp, requested, reasons):
 
 def _gib(value):
     return f"{value / GiB:.2f}"
-
-
-def _args(settings, version, extra_args, reasons):
-    args = []
-    if settings["runner"] == "pooling":
-        if vllm_flags.version_at_least(version, vllm_flags.flag_change("runner_convert")["since"]):
-            args += ["--runner", "pooling"]
-            if settings["convert"]:
-                args += ["--convert", settings["convert"]]
-        else:
-            args += ["--task", "embed"]
-    args += ["--tensor-parallel-size", str(settings["tensor_parallel_size"])]
-    if settings.get("pipeline_parallel_size", 1) > 1:
-        args += ["--pipeline-parallel-size", str(settings["pipeline_parallel_size"])]
-    args += ["--max-model-len", str(settings["max_model_len"]),
-             "--max-num-seqs", str(settings["max_num_seqs"]),
-             "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]),
-             "--dtype", settings["dtype"]]
-    if settings.get("emit_block_size"):
-        args += ["--block-size", str(settings["block_size"])]
-    if settings.get("enable_expert_parallel"):
-        args.append("--enable-expert-parallel")
-    if settings["kv_cache_memory_bytes"] is not None:
-        args += ["--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"])]
-    elif settings["gpu_memory_utilization"] is not None:
-        args += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
-    if settings["kv_cache_dtype"] != "auto":
-        args += ["--kv-cache-dtype", settings["kv_cache_dtype"]]
-    if settings["enable_prefix_caching"]:
-        args.append("--enable-prefix-caching")
-    if settings["enable_chunked_prefill"]:
-        args.append("--enable-chunked-prefill")
-    extra = engine_args.translate_extra_args(extra_args, version, reasons)
-    if settings["enforce_eager"] and "--enforce-eager" not in extra:
-        # The plan reserved no CUDA-graph memory; vLLM must not capture graphs either.
-        args.append("--enforce-eager")
-    return args + extra
 
 
 def _raise_no_fit(ctx, evaluations):
