@@ -301,11 +301,11 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import model_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.model import (
-    ModelError, describe_config, describe_model_dir, model_summary)
+    ModelError, describe, describe_dir, model_summary)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.speculative import SpeculativeError, describe_draft
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.engine_args import check_extra_args
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.tune import (
-    DEFAULT_VLLM_VERSION, NoFitError, TuneError, plan)
+    DEFAULT_VLLM_VERSION, NoFitError, TuneError, make_plan)
 
 KV_DTYPES = ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla"]
 
@@ -377,14 +377,13 @@ def main():
                          reasons=[])
     try:
         if p["model_path"]:
-            model = describe_model_dir(p["model_path"], p["allow_unknown_architecture"],
-                                       p["weights_bytes"])
+            model = describe_dir(p["model_path"], p["allow_unknown_architecture"],
+                                 p["weights_bytes"])
         else:
-            model = describe_config(p["model_config"], weights_bytes=p["weights_bytes"],
-                                    weights_source="weights_bytes option",
-                                    allow_unknown_architecture=p[
-                                        "allow_unknown_architecture"],
-                                    source="model_config (config.json)")
+            model = describe(p["model_config"], weights_bytes=p["weights_bytes"],
+                             weights_source="weights_bytes option",
+                             allow_unknown_architecture=p["allow_unknown_architecture"],
+                             source="model_config (config.json)")
     except ModelError as exc:
         module.fail_json(msg=str(exc), changed=False, reasons=[])
     draft = None
@@ -395,7 +394,7 @@ def main():
             module.fail_json(msg=str(exc), changed=False, reasons=[])
 
     try:
-        result = plan(
+        result = make_plan(
             model, gpus, max_model_len=p["max_model_len"],
             target_concurrency=p["target_concurrency"],
             gpu_memory_utilization=p["gpu_memory_utilization"],
@@ -413,7 +412,7 @@ def main():
     except TuneError as exc:
         module.fail_json(msg=str(exc), changed=False, model=model_summary(model),
                          reasons=[])
-    module.exit_json(changed=False, model=model_summary(model), **result)
+    module.exit_json(changed=False, model=model_summary(model), **result.as_dict())
 
 
 if __name__ == "__main__":

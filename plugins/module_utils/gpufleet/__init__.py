@@ -27,11 +27,15 @@ Models and their weights
 Tuning vLLM
   model            a model's description (layers, heads, KV layout) from its folder or its
                    config.json; the weights' bytes from safetensors headers
+  model_description  ModelDescription, the typed record describe builds and the tuner reads
+                   by attribute (as_dict() at the modules' boundary)
   model_families   what each family's config means for its KV cache: the tables keyed by
                    model_type and FAMILY_RULES, the per-family rules describe_config applies
   model_fields     a model description's errors and the checks of one config field
   tune             the planner behind vllm_tune: settings, checks, reasons, `vllm serve` args
   tune_errors      the tuner's errors (TuneError, NoFitError)
+  tune_plan        TunePlan and its Prediction, the typed records the tuner returns
+                   (as_dict() at the module's boundary)
   kv_memory        the KV cache as vLLM lays it out: pages, blocks, tokens, concurrency,
                    pipeline stages
   kv_log           what vLLM's start-up log says about the KV cache, against a prediction
@@ -40,7 +44,8 @@ Tuning vLLM
   deepseek_v4      DeepSeek-V4's KV cache as vLLM 0.32.0 plans it
   speculative      speculative decoding (EAGLE, MTP, n-gram) as vLLM 0.32.0 sizes it
   engine_args      every `vllm serve` argument, classified (read, refused, passed through);
-                   a model entry's extra_args checked (secrets, --trust-remote-code)
+                   a model entry's extra_args checked (secrets, --trust-remote-code); a
+                   plan's settings as the `vllm serve` argument list (serve_args)
 
 Serving, the gateway, rollouts
   serve            containers to run, the readiness gate, log diagnosis, the instance list

@@ -45,6 +45,8 @@ this module's numbers to equal theirs.
 """
 from __future__ import annotations
 
+from .model_description import ModelDescription
+
 __all__ = [
     "DeepseekV4Error",
     "describe_fields",
@@ -241,11 +243,12 @@ def kv_layout(model, block_size, kv_cache_dtype="auto"):
     "block_size", ...) plus "kv_cache_groups": one entry per KV cache group with its kind,
     block size, window, layer count and bytes per block.
     """
+    model = ModelDescription.of(model)
     # vLLM's order: the dtype when the layers are built, the block size when the
     # worker builds its attention metadata.
     resolved = resolve_kv_cache_dtype(kv_cache_dtype)
     check_block_size(block_size)
-    v4 = model["deepseek_v4"]
+    v4 = model.deepseek_v4
     specs = _specs(v4, block_size)
     groups = _groups(specs)
     # _get_kv_cache_bytes_per_block (block-outermost): the widest group's pages;
@@ -255,9 +258,9 @@ def kv_layout(model, block_size, kv_cache_dtype="auto"):
     # group per block_size tokens (the sliding groups do not grow).
     full_groups = sum(1 for g in groups if g["kind"] == "full")
     per_token = full_groups * bytes_per_block / block_size
-    return {"per_token_layer_bytes": per_token / model["num_layers"],
+    return {"per_token_layer_bytes": per_token / model.num_layers,
             "page_bytes": bytes_per_block, "group_size": None,
             "groups": [g["kind"] for g in groups], "kv_cache_groups": groups,
             "bytes_per_block": bytes_per_block, "block_size": block_size,
-            "sliding_window": v4["sliding_window"], "num_layers": model["num_layers"],
+            "sliding_window": v4["sliding_window"], "num_layers": model.num_layers,
             "num_specs": len(specs), "kv_cache_dtype": resolved}

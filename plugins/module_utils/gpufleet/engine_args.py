@@ -35,11 +35,12 @@ from __future__ import annotations
 import json
 
 from . import model_lock, vllm_flags
+from .model_description import ModelDescription
 from .tune_errors import TuneError
 
 __all__ = ["TUNED", "SERVER", "NOT_MODELLED", "READ", "PASSED", "CLASSES", "HF_OVERRIDES_ALLOWED",
            "classify", "refusal", "flag_of", "hf_overrides_refusal", "first_refusal",
-           "SECRET_FLAGS", "check_extra_args", "models_with_secret_args"]
+           "SECRET_FLAGS", "check_extra_args", "models_with_secret_args", "serve_args"]
 
 # flag -> the vllm_tune option (or what) sets it
 TUNED = {
@@ -498,7 +499,8 @@ def check_remote_config(model, extra_args, reasons):
     --trust-remote-code: refuse the plan unless extra_args says
     so, rather than let the container fail at start. gpufleet never adds the flag itself:
     it runs the repository's Python."""
-    remote = model.get("remote_config_class")
+    model = ModelDescription.of(model)
+    remote = model.remote_config_class
     if not remote:
         return
     if "--trust-remote-code" not in extra_args:
@@ -517,6 +519,7 @@ def check_trust_remote_code(model, extra_args, lock, reasons):
     the model's lock (model_lock, written on the control node from a trusted source) pins
     every *.py file the model has (the folder's, and every module auto_map names) with
     the sha256 the folder holds, and auto_map names no other repository's code."""
+    model = ModelDescription.of(model)
     if not extra_toggle(extra_args, "trust-remote-code", False):
         return
     if lock is None:
@@ -529,7 +532,7 @@ def check_trust_remote_code(model, extra_args, lock, reasons):
         lock = model_lock.parse_lock(lock)
     except model_lock.LockError as exc:
         raise TuneError(f"lock: {exc}") from None
-    files = model.get("python_files") or {}
+    files = model.python_files or {}
     unpinned = model_lock.unpinned_python(lock, files)
     if unpinned:
         raise TuneError(
@@ -543,7 +546,7 @@ def check_trust_remote_code(model, extra_args, lock, reasons):
                 f"--trust-remote-code refused: {path}: the lock pins sha256 "
                 f"{lock.files[path]}, the model folder holds sha256 {digest}. Fetch the "
                 "model again with its lock (model_fetch).")
-    repos = model.get("remote_code_repos") or []
+    repos = model.remote_code_repos or []
     if repos:
         raise TuneError(
             f"--trust-remote-code refused: config.json's auto_map names code of another "
@@ -584,3 +587,42 @@ def translate_extra_args(extra_args, version, reasons):
                 arg = old[0]
         out.append(arg)
     return out
+
+
+def serve_args(settings, version, extra_args, reasons):
+    """The arguments of `vllm serve MODEL ...` for a plan's settings (gpufleet.tune's
+    TunePlan.settings), in order, then extra_args translated for `version`."""
+    args = []
+    if settings["runner"] == "pooling":
+        if vllm_flags.version_at_least(version, vllm_flags.flag_change("runner_convert")["since"]):
+            args += ["--runner", "pooling"]
+            if settings["convert"]:
+                args += ["--convert", settings["convert"]]
+        else:
+            args += ["--task", "embed"]
+    args += ["--tensor-parallel-size", str(settings["tensor_parallel_size"])]
+    if settings.get("pipeline_parallel_size", 1) > 1:
+        args += ["--pipeline-parallel-size", str(settings["pipeline_parallel_size"])]
+    args += ["--max-model-len", str(settings["max_model_len"]),
+             "--max-num-seqs", str(settings["max_num_seqs"]),
+             "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]),
+             "--dtype", settings["dtype"]]
+    if settings.get("emit_block_size"):
+        args += ["--block-size", str(settings["block_size"])]
+    if settings.get("enable_expert_parallel"):
+        args.append("--enable-expert-parallel")
+    if settings["kv_cache_memory_bytes"] is not None:
+        args += ["--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"])]
+    elif settings["gpu_memory_utilization"] is not None:
+        args += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
+    if settings["kv_cache_dtype"] != "auto":
+        args += ["--kv-cache-dtype", settings["kv_cache_dtype"]]
+    if settings["enable_prefix_caching"]:
+        args.append("--enable-prefix-caching")
+    if settings["enable_chunked_prefill"]:
+        args.append("--enable-chunked-prefill")
+    extra = translate_extra_args(extra_args, version, reasons)
+    if settings["enforce_eager"] and "--enforce-eager" not in extra:
+        # The plan reserved no CUDA-graph memory; vLLM must not capture graphs either.
+        args.append("--enforce-eager")
+    return args + extra

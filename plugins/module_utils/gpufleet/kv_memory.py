@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from . import deepseek_v4
+from .model_description import ModelDescription
 from .tune_errors import TuneError
 
 
@@ -84,44 +85,45 @@ def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
     (gpufleet.deepseek_v4) and layer kinds with pages of different sizes (Gemma 4,
     _unified_page_layout).
     """
-    num_layers = model["num_layers"]
-    if model.get("kv_cache_dtype_ignored"):
+    model = ModelDescription.of(model)
+    num_layers = model.num_layers
+    if model.kv_cache_dtype_ignored:
         # the model file builds its layers without cache_config: "auto" whatever the
         # flag says (model_families.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES)
         kv_cache_dtype = "auto"
-    if model["attention"] == "encoder_only":
+    if model.attention == "encoder_only":
         return {"per_token_layer_bytes": 0, "page_bytes": 0, "group_size": 0,
                 "groups": [], "bytes_per_block": 0, "block_size": block_size,
                 "sliding_window": None, "num_layers": num_layers,
                 "async_scheduling": async_sched}
-    if model["attention"] == "deepseek_v4":
+    if model.attention == "deepseek_v4":
         try:
             layout = deepseek_v4.kv_layout(model, block_size, kv_cache_dtype)
         except deepseek_v4.DeepseekV4Error as exc:
             raise TuneError(str(exc)) from None
         layout["async_scheduling"] = async_sched
         return layout
-    if model["attention"] == "mla":
+    if model.attention == "mla":
         # MLAAttentionSpec: one latent (kv_lora_rank + qk_rope_head_dim) per token per
         # layer, num_kv_heads 1, not sharded by tensor parallelism.
         if kv_cache_dtype == "fp8_ds_mla":
             per_token = 656
         else:
-            head = int(model["kv_lora_rank"]) + int(model["qk_rope_head_dim"] or 0)
+            head = int(model.kv_lora_rank) + int(model.qk_rope_head_dim or 0)
             per_token = head * kv_element_bytes(kv_cache_dtype, dtype_bytes)
     else:
         if kv_cache_dtype == "fp8_ds_mla":
             raise TuneError("kv_cache_dtype fp8_ds_mla applies to MLA models only")
         element = kv_element_bytes(kv_cache_dtype, dtype_bytes)
-        per_token = _attention_token_bytes(model["num_kv_heads"], model["head_size"], tp,
+        per_token = _attention_token_bytes(model.num_kv_heads, model.head_size, tp,
                                            element)
     counts = {}
-    for kind in model["layer_kinds"]:
+    for kind in model.layer_kinds:
         counts[kind] = counts.get(kind, 0) + 1
-    if model.get("kind_heads"):
+    if model.kind_heads:
         kind_bytes = {kind: _attention_token_bytes(h["num_kv_heads"], h["head_size"], tp,
                                                    element)
-                      for kind, h in model["kind_heads"].items()}
+                      for kind, h in model.kind_heads.items()}
         if len(set(kind_bytes.values())) > 1:
             return _unified_page_layout(model, counts, kind_bytes, block_size,
                                         async_sched)
@@ -133,7 +135,7 @@ def kv_layout(model, tp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
     return {"per_token_layer_bytes": per_token, "page_bytes": per_token * block_size,
             "group_size": group_size, "groups": groups,
             "bytes_per_block": per_token * block_size * group_size,
-            "block_size": block_size, "sliding_window": model.get("sliding_window"),
+            "block_size": block_size, "sliding_window": model.sliding_window,
             "num_layers": num_layers, "async_scheduling": async_sched}
 
 
@@ -177,7 +179,7 @@ def _unified_page_layout(model, counts, kind_bytes, block_size, async_sched):
         block = block_size * (top // pages[kind]) if top % pages[kind] == 0 else block_size
         for layers in _group_split(count, group_size):
             groups.append({"kind": kind, "block_size": block,
-                           "sliding_window": model["sliding_window"]
+                           "sliding_window": model.sliding_window
                            if kind == "sliding" else None,
                            "layers": layers, "page_bytes": top * layers})
     bytes_per_block = max(g["page_bytes"] for g in groups)
@@ -185,11 +187,11 @@ def _unified_page_layout(model, counts, kind_bytes, block_size, async_sched):
     # group per its block size (the sliding groups stop growing past the window).
     per_token = sum(bytes_per_block / g["block_size"] for g in groups
                     if g["kind"] == "full")
-    return {"per_token_layer_bytes": per_token / model["num_layers"], "page_bytes": top,
+    return {"per_token_layer_bytes": per_token / model.num_layers, "page_bytes": top,
             "group_size": group_size, "groups": [g["kind"] for g in groups],
             "kv_cache_groups": groups, "bytes_per_block": bytes_per_block,
-            "block_size": block_size, "sliding_window": model.get("sliding_window"),
-            "num_layers": model["num_layers"], "async_scheduling": async_sched,
+            "block_size": block_size, "sliding_window": model.sliding_window,
+            "num_layers": model.num_layers, "async_scheduling": async_sched,
             "kind_page_bytes": pages}
 
 
@@ -304,7 +306,8 @@ def pp_layer_ranges(num_layers, pp):
 def pp_embedding_bytes(model, act_bytes):
     """The bytes of one vocab x hidden matrix (the input embedding, or the lm_head),
     in the served dtype; None when config.json lacks vocab_size or hidden_size."""
-    vocab, hidden = model.get("vocab_size"), model.get("hidden_size")
+    model = ModelDescription.of(model)
+    vocab, hidden = model.vocab_size, model.hidden_size
     if not vocab or not hidden:
         return None
     return int(vocab) * int(hidden) * act_bytes
@@ -319,11 +322,12 @@ def pp_stage_weights(model, weights, act_bytes, ranges):
     it, so it holds one vocab x hidden matrix either way. The checkpoint holds one such
     matrix when tied, two when not (config.json's tie_word_embeddings; transformers'
     default, tied, when it is absent). The rest is spread evenly over the layers."""
+    model = ModelDescription.of(model)
     embed = pp_embedding_bytes(model, act_bytes)
-    tied = model.get("tie_word_embeddings")
+    tied = model.tie_word_embeddings
     tied = True if tied is None else bool(tied)
     body = max(0, weights - embed * (1 if tied else 2))
-    num_layers = model["num_layers"]
+    num_layers = model.num_layers
     out = []
     for stage, (start, end) in enumerate(ranges):
         share = body * (end - start) // num_layers
@@ -340,8 +344,9 @@ def pp_stage_layout(layout, model, start, end):
     (_project_kv_cache_groups_to_worker); its bytes per block is the largest group's
     share of those layers times the page (_get_kv_cache_bytes_per_block). The groups,
     and so the blocks one request takes, stay the whole model's."""
+    model = ModelDescription.of(model)
     buckets = {}
-    for index, kind in enumerate(model["layer_kinds"]):
+    for index, kind in enumerate(model.layer_kinds):
         buckets.setdefault(kind, []).append(index)
     widest = 0
     for layers in buckets.values():
@@ -359,9 +364,10 @@ def pp_stages(model, tp, pp, block_size, available, kv_cache_dtype="auto",
     (a list, one per stage): [{"layers": [start, end], "bytes_per_block",
     "num_blocks"}]. get_kv_cache_configs then gives every worker the smallest
     num_blocks: the tightest stage decides."""
+    model = ModelDescription.of(model)
     layout = pp_layout(model, tp, pp, block_size, kv_cache_dtype, dtype_bytes, async_sched)
     out = []
-    for (start, end), avail in zip(pp_layer_ranges(model["num_layers"], pp), available):
+    for (start, end), avail in zip(pp_layer_ranges(model.num_layers, pp), available):
         stage = pp_stage_layout(layout, model, start, end)
         out.append({"layers": [start, end], "bytes_per_block": stage["bytes_per_block"],
                     "num_blocks": max(0, int(avail) // stage["bytes_per_block"])})
@@ -372,6 +378,7 @@ def pp_layout(model, tp, pp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
               async_sched=True):
     """kv_layout() of the whole model at pipeline size pp (its in-flight tokens
     follow pp)."""
+    model = ModelDescription.of(model)
     layout = kv_layout(model, tp, block_size, kv_cache_dtype, dtype_bytes, async_sched)
     if pp > 1:
         layout["pipeline_parallel_size"] = pp
@@ -380,18 +387,19 @@ def pp_layout(model, tp, pp, block_size, kv_cache_dtype="auto", dtype_bytes=2,
 
 def pp_problem(model, pp):
     """Why gpufleet does not plan this pipeline size for this model, or None."""
+    model = ModelDescription.of(model)
     if pp == 1:
         return None
-    if model["attention"] in ("deepseek_v4", "encoder_only"):
+    if model.attention in ("deepseek_v4", "encoder_only"):
         return (f"pipeline parallelism is not modelled for "
-                f"{'DeepSeek-V4' if model['attention'] == 'deepseek_v4' else 'an encoder-only model'}")
-    if model.get("kind_heads"):
+                f"{'DeepSeek-V4' if model.attention == 'deepseek_v4' else 'an encoder-only model'}")
+    if model.kind_heads:
         return ("pipeline parallelism is not modelled for layer kinds with pages of two "
                 "sizes (Gemma 4)")
-    if model["kind"] == "pooling":
+    if model.kind == "pooling":
         return "pipeline parallelism is not modelled for a pooling model"
-    if pp > model["num_layers"]:
-        return f"the model has {model['num_layers']} layers, fewer than {pp} stages"
+    if pp > model.num_layers:
+        return f"the model has {model.num_layers} layers, fewer than {pp} stages"
     if pp_embedding_bytes(model, 2) is None:
         return ("config.json lacks vocab_size or hidden_size, from which the first and "
                 "last stages' embedding bytes are computed")

@@ -17,13 +17,18 @@ import struct
 
 from . import deepseek_v4
 from . import model_families as families
+from .model_description import ModelDescription, ModelDescriptionError
 from .model_fields import (ModelError, UnsupportedModelError, field_name, first_of,
                            is_int, optional_int, positive_int, positive_number)
 
 __all__ = [
     "ModelError",
+    "ModelDescription",
+    "ModelDescriptionError",
     "UnsupportedModelError",
+    "describe",
     "describe_config",
+    "describe_dir",
     "describe_model_dir",
     "model_summary",
     "safetensors_file_info",
@@ -373,9 +378,17 @@ def _attention(text, model_type, v4, encoder_only, num_layers, kv_heads, num_hea
 def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=None,
                     sentence_transformers=False, allow_unknown_architecture=False,
                     name=None, source="config.json"):
+    """describe(...) as the plain mapping the modules return (ModelDescription.as_dict)."""
+    return describe(cfg, weights_bytes, weights_source, weights_dtype, sentence_transformers,
+                    allow_unknown_architecture, name, source).as_dict()
+
+
+def describe(cfg, weights_bytes=None, weights_source=None, weights_dtype=None,
+             sentence_transformers=False, allow_unknown_architecture=False,
+             name=None, source="config.json"):
     """Describe a model from its config.json mapping.
 
-    Returns a plain dict (see docs/tuning.md, "Model description"). Raises ModelError
+    Returns a ModelDescription (see docs/tuning.md, "Model description"). Raises ModelError
     naming the missing fields, UnsupportedModelError for attention kinds the tuner does
     not model, and for an architecture outside families.KNOWN_MODEL_TYPES unless
     allow_unknown_architecture is true.
@@ -392,6 +405,51 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
         text, model_type, source)
     if weights_bytes is not None:
         positive_int(weights_bytes, "weights_bytes", weights_source or "weights_bytes")
+    known = _check_known(architectures, model_type, allow_unknown_architecture)
+    kv_heads = _kv_heads(text, num_heads, heads_key, source)
+    head_size = head_dim if head_dim is not None else hidden // num_heads
+    window = text.get("sliding_window")
+    if window is not None:
+        positive_int(window, "sliding_window", source, extra=" (or null for none)")
+    st_files = bool(sentence_transformers)
+    kind, native_pooling = families.pooling_kind(architectures, model_type, st_files)
+    encoder_only = _encoder_only(text, model_type, kind, source)
+    attention, layer_kinds = _attention(text, model_type, v4, encoder_only, num_layers,
+                                        kv_heads, num_heads)
+    kind_heads = families.heads_per_kind(text, model_type, layer_kinds, kv_heads, head_size,
+                                         num_heads, source)
+    torch_dtype = _torch_dtype(cfg, text, weights_dtype)
+    moe = _moe(text, source)
+    remote_modules, remote_repos = auto_map_modules(cfg)
+    return ModelDescription(
+        name=name or (architectures[0] if architectures else model_type),
+        architectures=tuple(architectures), model_type=model_type, known_architecture=known,
+        kind=kind, native_pooling=native_pooling, sentence_transformers=st_files,
+        attention=attention,
+        kv_cache_dtype_ignored=model_type in families.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES,
+        num_layers=num_layers, num_attention_heads=num_heads, num_kv_heads=kv_heads,
+        head_size=head_size, kind_heads=kind_heads, layer_kinds=tuple(layer_kinds),
+        sliding_window=window + families.WINDOW_OFFSET.get(model_type, 0)
+        if "sliding" in layer_kinds or v4 else None,
+        kv_lora_rank=text.get("kv_lora_rank"), qk_rope_head_dim=text.get("qk_rope_head_dim"),
+        hidden_size=hidden, intermediate_size=text.get("intermediate_size"),
+        vocab_size=text.get("vocab_size"),
+        tie_word_embeddings=text.get("tie_word_embeddings", cfg.get("tie_word_embeddings")),
+        max_position_embeddings=max_pos, sentence_max_seq_length=None,
+        rope_scaling=_rope_scaling(text, source),
+        original_max_position_embeddings=text.get("original_max_position_embeddings"),
+        torch_dtype=torch_dtype or "bfloat16", torch_dtype_from_config=bool(torch_dtype),
+        moe=moe, quantization=_quantization(cfg, source),
+        remote_config_class=_remote_config_class(cfg, model_type), deepseek_v4=v4,
+        num_nextn_predict_layers=text.get("num_nextn_predict_layers"),
+        python_files=dict.fromkeys(remote_modules), remote_code_repos=tuple(remote_repos),
+        weights_bytes=weights_bytes, weights_source=weights_source,
+        weights_dtype=weights_dtype)
+
+
+def _check_known(architectures, model_type, allow_unknown_architecture):
+    """Whether model_type is in families.KNOWN_MODEL_TYPES; ModelError when it is not
+    and allow_unknown_architecture is false."""
     known = model_type in families.KNOWN_MODEL_TYPES
     if not known and not allow_unknown_architecture:
         raise ModelError(
@@ -399,14 +457,12 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
             "not in gpufleet's table, so its KV layout is not verified. The generic "
             "decoder rule would use: " + ", ".join(REQUIRED_FIELDS) + ", and "
             "num_key_value_heads. Set allow_unknown_architecture: true to use it.")
-    kv_heads = _kv_heads(text, num_heads, heads_key, source)
-    head_size = head_dim if head_dim is not None else hidden // num_heads
-    window = text.get("sliding_window")
-    if window is not None:
-        positive_int(window, "sliding_window", source, extra=" (or null for none)")
+    return known
 
-    st_files = bool(sentence_transformers)
-    kind, native_pooling = families.pooling_kind(architectures, model_type, st_files)
+
+def _encoder_only(text, model_type, kind, source):
+    """Whether vLLM builds the layers as encoder-only attention (no KV cache); refused
+    for a model vLLM would run generative."""
     encoder_only = model_type in families.ENCODER_ONLY_MODEL_TYPES or (
         text.get("is_causal") is False and model_type in families.IS_CAUSAL_MODEL_TYPES)
     if encoder_only and kind == "generative":
@@ -419,79 +475,34 @@ def describe_config(cfg, weights_bytes=None, weights_source=None, weights_dtype=
             "embedding model, which vLLM serves as one only from a folder with its "
             "sentence-transformers files (modules.json) or with --runner pooling. "
             "gpufleet's tuner does not plan it as a generative model.")
-    attention, layer_kinds = _attention(text, model_type, v4, encoder_only, num_layers,
-                                        kv_heads, num_heads)
+    return encoder_only
 
-    kind_heads = families.heads_per_kind(text, model_type, layer_kinds, kv_heads, head_size,
-                                         num_heads, source)
+
+def _torch_dtype(cfg, text, weights_dtype):
+    """config.json's torch_dtype (or dtype), else the weights' 16/32-bit dtype, else ""."""
     torch_dtype = str(first_of(cfg, "torch_dtype", "dtype") or first_of(
         text, "torch_dtype", "dtype") or "")
     if not torch_dtype and weights_dtype in SAFETENSORS_TO_TORCH:
         torch_dtype = SAFETENSORS_TO_TORCH[weights_dtype]
-    num_experts = first_of(text, "n_routed_experts", "num_local_experts", "num_experts")
+    return torch_dtype
+
+
+def _moe(text, source):
+    """{"num_experts", "experts_per_token"} of a mixture-of-experts config, or None."""
+    names = ("n_routed_experts", "num_local_experts", "num_experts")
+    num_experts = first_of(text, *names)
     if num_experts is not None:
-        positive_int(num_experts, field_name(text, "n_routed_experts", "num_local_experts",
-                                             "num_experts"), source)
-    remote_modules, remote_repos = auto_map_modules(cfg)
-    desc = {
-        "name": name or (architectures[0] if architectures else model_type),
-        "architectures": architectures,
-        "model_type": model_type,
-        "known_architecture": known,
-        "kind": kind,
-        "native_pooling": native_pooling,
-        "sentence_transformers": st_files,
-        "attention": attention,
-        # --kv-cache-dtype has no effect on this family's cache (see the table)
-        "kv_cache_dtype_ignored": model_type in families.KV_CACHE_DTYPE_IGNORED_MODEL_TYPES,
-        "num_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "num_kv_heads": kv_heads,
-        "head_size": head_size,
-        # {kind: {"num_kv_heads", "head_size"}} when the layer kinds differ in them
-        # (families.PER_KIND_HEAD_MODEL_TYPES), else None: every layer has the two above.
-        "kind_heads": kind_heads,
-        "layer_kinds": layer_kinds,
-        "sliding_window": window + families.WINDOW_OFFSET.get(model_type, 0)
-        if "sliding" in layer_kinds or v4 else None,
-        "kv_lora_rank": text.get("kv_lora_rank"),
-        "qk_rope_head_dim": text.get("qk_rope_head_dim"),
-        "hidden_size": hidden,
-        "intermediate_size": text.get("intermediate_size"),
-        "vocab_size": text.get("vocab_size"),
-        # whether lm_head is the input embedding (one vocab x hidden matrix in the
-        # checkpoint, not two); None when config.json does not say
-        "tie_word_embeddings": text.get("tie_word_embeddings",
-                                        cfg.get("tie_word_embeddings")),
-        "max_position_embeddings": max_pos,
-        # a model folder's sentence-transformers max_seq_length (describe_model_dir)
-        "sentence_max_seq_length": None,
-        "rope_scaling": _rope_scaling(text, source),
-        # what vLLM serves by default for a longrope config (tune.default_max_len)
-        "original_max_position_embeddings": text.get("original_max_position_embeddings"),
-        "torch_dtype": torch_dtype or "bfloat16",
-        "torch_dtype_from_config": bool(torch_dtype),
-        "moe": {"num_experts": num_experts,
-                "experts_per_token": text.get("num_experts_per_tok")}
-        if num_experts else None,
-        "quantization": _quantization(cfg, source),
-        # the checkpoint's own config class vLLM must run (--trust-remote-code), or None
-        "remote_config_class": (cfg.get("auto_map") or {}).get("AutoConfig") or model_type
-        if {model_type, str(cfg.get("model_type") or "")} & families.REMOTE_CONFIG_MODEL_TYPES
-        else None,
-        "deepseek_v4": v4,
-        # MTP layers the checkpoint holds (DeepSeek V3/V4 ...): what --speculative-config
-        # method mtp runs (gpufleet.speculative)
-        "num_nextn_predict_layers": text.get("num_nextn_predict_layers"),
-        # the Python --trust-remote-code may run: {path: sha256 or None}, the modules
-        # auto_map names (describe_model_dir adds the folder's *.py, with their sha256)
-        "python_files": dict.fromkeys(remote_modules),
-        "remote_code_repos": remote_repos,
-        "weights_bytes": weights_bytes,
-        "weights_source": weights_source,
-        "weights_dtype": weights_dtype,
-    }
-    return desc
+        positive_int(num_experts, field_name(text, *names), source)
+    if not num_experts:
+        return None
+    return {"num_experts": num_experts, "experts_per_token": text.get("num_experts_per_tok")}
+
+
+def _remote_config_class(cfg, model_type):
+    """The checkpoint's own config class vLLM must run (--trust-remote-code), or None."""
+    if {model_type, str(cfg.get("model_type") or "")} & families.REMOTE_CONFIG_MODEL_TYPES:
+        return (cfg.get("auto_map") or {}).get("AutoConfig") or model_type
+    return None
 
 
 def auto_map_modules(cfg):
@@ -540,7 +551,13 @@ def python_files_in(path):
 
 
 def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=None):
-    """Describe the model stored in a local folder (config.json + safetensors)."""
+    """describe_dir(...) as the plain mapping the modules return."""
+    return describe_dir(path, allow_unknown_architecture, weights_bytes).as_dict()
+
+
+def describe_dir(path, allow_unknown_architecture=False, weights_bytes=None):
+    """Describe the model stored in a local folder (config.json + safetensors) as a
+    ModelDescription."""
     if not os.path.isdir(path):
         raise ModelError(f"model_path {path} is not a directory")
     config_path = os.path.join(path, "config.json")
@@ -559,17 +576,18 @@ def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=Non
         weights = {"bytes": weights_bytes, "source": "weights_bytes option", "dtype": None}
     st_files = any(os.path.isfile(os.path.join(path, f))
                    for f in SENTENCE_TRANSFORMERS_FILES)
-    desc = describe_config(cfg, weights_bytes=weights["bytes"],
-                           weights_source=weights["source"], weights_dtype=weights["dtype"],
-                           sentence_transformers=st_files,
-                           allow_unknown_architecture=allow_unknown_architecture,
-                           name=os.path.basename(os.path.normpath(path)),
-                           source=config_path)
+    desc = describe(cfg, weights_bytes=weights["bytes"],
+                    weights_source=weights["source"], weights_dtype=weights["dtype"],
+                    sentence_transformers=st_files,
+                    allow_unknown_architecture=allow_unknown_architecture,
+                    name=os.path.basename(os.path.normpath(path)),
+                    source=config_path)
     # vLLM 0.32.0 config/model.py:2129-2141, 2552-2557: a pooling model whose hf_config
     # says position_embedding_type "absolute" (BERT, XLM-RoBERTa) is also held to its
     # tokenizer_config.json model_max_length (bge-m3: 8,194 positions, 8,192 tokens).
     tok_path = os.path.join(path, "tokenizer_config.json")
-    if desc["kind"] == "pooling" and cfg.get("position_embedding_type") == "absolute" \
+    max_len = desc.max_position_embeddings
+    if desc.kind == "pooling" and cfg.get("position_embedding_type") == "absolute" \
             and os.path.isfile(tok_path):
         try:
             with open(tok_path, encoding="utf-8") as handle:
@@ -577,11 +595,11 @@ def describe_model_dir(path, allow_unknown_architecture=False, weights_bytes=Non
         except (ValueError, AttributeError) as exc:
             raise ModelError(f"{tok_path} is not a JSON object: {exc}") from exc
         if isinstance(tok_max, (int, float)) and not isinstance(tok_max, bool) \
-                and 0 < tok_max < desc["max_position_embeddings"]:
-            desc["max_position_embeddings"] = int(tok_max)
-    desc["sentence_max_seq_length"] = _sentence_max_seq_length(path)
-    desc["python_files"] = {**desc.get("python_files", {}), **python_files_in(path)}
-    return desc
+                and 0 < tok_max < max_len:
+            max_len = int(tok_max)
+    return desc.replace(max_position_embeddings=max_len,
+                        sentence_max_seq_length=_sentence_max_seq_length(path),
+                        python_files={**desc.python_files, **python_files_in(path)})
 
 
 def _sentence_max_seq_length(path):
@@ -607,10 +625,11 @@ def _sentence_max_seq_length(path):
 
 
 def model_summary(desc):
-    """The description with per-layer kinds folded into counts, for reports."""
-    out = dict(desc)
+    """The description (a ModelDescription or its mapping) as a mapping with per-layer
+    kinds folded into counts, for reports and the modules' return."""
+    out = ModelDescription.of(desc).as_dict()
     counts = {}
-    for kind in desc.get("layer_kinds") or []:
+    for kind in out["layer_kinds"]:
         counts[kind] = counts.get(kind, 0) + 1
     out["layer_kinds"] = counts
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from . import deepseek_v4, kv_memory
 from .arch import ARCHITECTURES, architecture
+from .model_description import ModelDescription
 from .tune_errors import TuneError
 from .vllm_flags import version_at_least
 
@@ -44,8 +45,9 @@ def _has(cc, feature):
 def served_dtype(model, cc, requested, reasons, cpu):
     """The --dtype to emit and its element size: what vLLM 0.32.0's --dtype auto picks
     (config/model.py _resolve_auto_dtype), or the user's choice where vLLM accepts it."""
-    quant = (model.get("quantization") or {}).get("method")
-    model_type = model.get("model_type")
+    model = ModelDescription.of(model)
+    quant = (model.quantization or {}).get("method")
+    model_type = model.model_type
     no_float16 = model_type in FLOAT16_REFUSED_MODEL_TYPES
     if requested not in (None, "auto"):
         if requested not in ("bfloat16", "float16", "float32"):
@@ -92,15 +94,15 @@ def served_dtype(model, cc, requested, reasons, cpu):
         "float16", "float32"]
     if no_float16:
         supported.remove("float16")
-    preferred = "float16" if model["kind"] == "pooling" and "float16" in supported \
+    preferred = "float16" if model.kind == "pooling" and "float16" in supported \
         else supported[0]
-    wanted = model["torch_dtype"]
+    wanted = model.torch_dtype
     cc_text = f"compute capability {cc[0]}.{cc[1]}"
     if wanted == "float32":
         chosen = preferred
         why = (f"the checkpoint is float32, which vLLM serves in its preferred "
                f"{preferred} on {cc_text}"
-               + (" (float16 for a pooling model)" if model["kind"] == "pooling" else ""))
+               + (" (float16 for a pooling model)" if model.kind == "pooling" else ""))
     elif wanted in supported:
         chosen = wanted
         why = (f"the checkpoint is {wanted} and {cc_text} >= 8.0 supports bfloat16"
@@ -162,7 +164,8 @@ def check_per_kind_backend(model, hw, kv_dtype, requested, reasons):
     fp8 KV cache), else Triton; the CPU build always runs CPU_ATTN
     (platforms/cpu.py:177-179). Returns the KV cache dtype: auto, not the fp8 that
     allow_fp8 chose, where fp8 is not modelled."""
-    heads = model.get("kind_heads")
+    model = ModelDescription.of(model)
+    heads = model.kind_heads
     if not heads:
         return kv_dtype
     if hw["cpu"]:
@@ -227,7 +230,8 @@ def v4_kv_cache_dtype(requested, reasons):
 
 
 def check_quantization(model, cc, reasons):
-    quant = model.get("quantization")
+    model = ModelDescription.of(model)
+    quant = model.quantization
     if not quant:
         return
     method = quant["method"]

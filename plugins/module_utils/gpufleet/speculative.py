@@ -55,6 +55,8 @@ from __future__ import annotations
 import json
 import os
 
+from .model_description import ModelDescription
+
 __all__ = ["SpeculativeError", "CPU_METHODS", "DRAFT_METHODS", "FLAGS", "cpu_refusal", "read", "describe_draft", "apply",
            "with_draft"]
 
@@ -293,8 +295,9 @@ def apply(model, spec, tp, draft=None):
     together), "async_scheduling": False where vLLM switches it off, else None,
     "summary": what the plan reports, "reason": one sentence}. Raises SpeculativeError
     for what is not modelled, naming it."""
+    model = ModelDescription.of(model)
     method, tokens = spec["method"], spec["num_speculative_tokens"]
-    if model.get("kind") == "pooling":
+    if model.kind == "pooling":
         raise SpeculativeError("speculative decoding is for generative models; this one is "
                                "planned as a pooling model")
     draft_tp = spec.get("draft_tensor_parallel_size")
@@ -317,16 +320,16 @@ def apply(model, spec, tp, draft=None):
 
 def _apply_mtp(model, spec, summary):
     tokens = spec["num_speculative_tokens"]
-    if model["attention"] != "deepseek_v4":
+    if model.attention != "deepseek_v4":
         raise SpeculativeError(
             f"speculative decoding mtp is modelled for DeepSeek-V4 only; this model's "
-            f"attention is {model['attention']} (model_type {model.get('model_type')!r}), "
+            f"attention is {model.attention} (model_type {model.model_type!r}), "
             "whose MTP layers gpufleet has not checked against vLLM")
     if spec.get("model") is not None:
         raise SpeculativeError("method mtp with a separate model is not modelled: the MTP "
                                "layers come from the target's own checkpoint; leave "
                                "\"model\" out")
-    n_predict = model.get("num_nextn_predict_layers")
+    n_predict = model.num_nextn_predict_layers
     if not n_predict:
         raise SpeculativeError("method mtp: config.json has no num_nextn_predict_layers, "
                                "so the checkpoint has no MTP layer")
@@ -335,10 +338,10 @@ def _apply_mtp(model, spec, summary):
             f"method mtp with {n_predict} MTP layers and {tokens} speculative tokens runs "
             "several modules (use_multi_module_mtp), whose sliding-window caches keep "
             "extra tokens (extra_retained_tokens); not modelled")
-    v4 = dict(model["deepseek_v4"])
+    v4 = dict(model.deepseek_v4)
     # attention.py:232-235: a layer at or past num_hidden_layers has compress ratio 1
     v4["compress_ratios"] = list(v4["compress_ratios"]) + [1] * n_predict
-    planned = dict(model, deepseek_v4=v4)
+    planned = model.replace(deepseek_v4=v4)
     summary.update(draft_layers=n_predict, async_scheduling=True)
     return {"model": planned, "draft_weights_bytes": 0, "async_scheduling": None,
             "summary": summary,
@@ -359,19 +362,19 @@ def _apply_eagle(model, spec, tp, draft, summary):
             "and vLLM needs them in the container. Give the model entry's "
             "speculative_model_path (the draft's folder on the host, e.g. where "
             "model_fetch fetched its repo_id): the plan reads it and vllm_server mounts it")
-    kinds = set(model.get("layer_kinds") or [])
-    if model["attention"] not in ("mha", "mqa", "gqa") or kinds - {"full"} \
-            or model.get("kind_heads"):
+    kinds = set(model.layer_kinds or [])
+    if model.attention not in ("mha", "mqa", "gqa") or kinds - {"full"} \
+            or model.kind_heads:
         raise SpeculativeError(
             f"speculative decoding {method} is modelled for targets whose layers are all "
             f"standard full attention (Llama, Qwen, Mistral ...); this one's are "
-            f"{model['attention']}: the draft's layers would make a KV cache group of "
+            f"{model.attention}: the draft's layers would make a KV cache group of "
             "their own, which gpufleet has not checked")
     if draft["num_attention_heads"] % tp:
         raise SpeculativeError(
             f"the draft's attention heads ({draft['num_attention_heads']}) are not "
             f"divisible by tensor parallel size {tp}")
-    target = (_kv_heads_per_gpu(model["num_kv_heads"], tp), model["head_size"])
+    target = (_kv_heads_per_gpu(model.num_kv_heads, tp), model.head_size)
     ours = (_kv_heads_per_gpu(draft["num_kv_heads"], tp), draft["head_size"])
     if target != ours:
         raise SpeculativeError(
@@ -379,16 +382,16 @@ def _apply_eagle(model, spec, tp, draft, summary):
             f"the target's ({target[0]} of {target[1]}): vLLM would unify pages of two "
             "sizes, which gpufleet does not model for a drafter")
     layers = draft["layers"]
-    planned = dict(model, num_layers=model["num_layers"] + layers,
-                   layer_kinds=list(model["layer_kinds"]) + ["full"] * layers)
+    planned = model.replace(num_layers=model.num_layers + layers,
+                            layer_kinds=model.layer_kinds + ("full",) * layers)
     summary.update(draft_layers=layers, async_scheduling=True,
                    draft_weights_bytes=draft["weights_bytes"])
     return {"model": planned, "draft_weights_bytes": draft["weights_bytes"],
             "async_scheduling": None, "summary": summary,
             "reason": (f"speculative decoding {method} ({tokens} tokens): the draft's "
                        f"{layers} layer(s) of {ours[0]} KV heads x {ours[1]} per GPU join "
-                       f"the target's {model['num_layers']} in one KV cache group "
-                       f"({model['num_layers'] + layers} layers per block); its "
+                       f"the target's {model.num_layers} in one KV cache group "
+                       f"({model.num_layers + layers} layers per block); its "
                        f"{draft['weights_bytes'] / 1024 ** 3:.2f} GiB of weights "
                        f"({draft['source']}) are spread over the {tp} GPU(s); vLLM "
                        "keeps async scheduling for it where the platform runs it (not on "

@@ -40,13 +40,16 @@ from __future__ import annotations
 
 from . import deepseek_v4, engine_args, kv_memory, serve_dtype, speculative, vllm_flags
 from .arch import ArchError, architecture, parse_compute_capability
+from .model_description import ModelDescription
 from .tune_errors import NoFitError, TuneError
+from .tune_plan import GroupPrediction, Prediction, TunePlan
 
 __all__ = [
     "NoFitError",
     "TuneError",
     "DEFAULT_VLLM_VERSION",
     "estimate_overhead_bytes",
+    "make_plan",
     "plan",
     "tp_problem",
 ]
@@ -104,15 +107,16 @@ def tp_problem(model, tp):
     QKVParallelLinear: kv heads % tp == 0 when tp < kv heads, else tp % kv heads == 0
     (MLA shards only the query heads).
     """
-    heads = model["num_attention_heads"]
+    model = ModelDescription.of(model)
+    heads = model.num_attention_heads
     if heads % tp:
         return (f"attention heads ({heads}) are not divisible by tensor parallel size "
                 f"{tp}")
-    if model["attention"] in ("mla", "encoder_only", "deepseek_v4"):
+    if model.attention in ("mla", "encoder_only", "deepseek_v4"):
         return None
     # Layer kinds with their own KV heads (Gemma 4's full layers) are checked each:
     # Gemma4Attention (gemma4.py:388-393) asserts the same per layer.
-    kinds = model.get("kind_heads") or {"": {"num_kv_heads": model["num_kv_heads"]}}
+    kinds = model.kind_heads or {"": {"num_kv_heads": model.num_kv_heads}}
     for kind, heads in kinds.items():
         kv = heads["num_kv_heads"]
         what = f"{kind} layers' kv heads" if kind else "kv heads"
@@ -143,12 +147,13 @@ def model_max_len(model):
     (config/model.py lines 2583-2585). A model folder's sentence-transformers
     max_seq_length (sentence_bert_config.json...) replaces all of it, last
     (config/model.py:2618-2619)."""
-    if model.get("sentence_max_seq_length"):
-        return model["sentence_max_seq_length"]
-    base = model["max_position_embeddings"]
-    if "gemma3" in str(model.get("model_type") or ""):
+    model = ModelDescription.of(model)
+    if model.sentence_max_seq_length:
+        return model.sentence_max_seq_length
+    base = model.max_position_embeddings
+    if "gemma3" in str(model.model_type or ""):
         return base
-    rope = model.get("rope_scaling") or {}
+    rope = model.rope_scaling or {}
     rope_type = rope.get("rope_type") or rope.get("type")
     factor = rope.get("factor")
     if not factor or rope_type is None or rope_type in ROPE_TYPES_NOT_STRETCHED:
@@ -163,8 +168,9 @@ def default_max_len(model):
     131,072), else model_max_len(). An explicit --max-model-len may still go up to
     model_max_len(), and gpufleet always passes one, so its plans never rely on this
     default; the differential check compares it (tests/differential/families_vllm.py)."""
-    rope = model.get("rope_scaling") or {}
-    original = model.get("original_max_position_embeddings")
+    model = ModelDescription.of(model)
+    rope = model.rope_scaling or {}
+    original = model.original_max_position_embeddings
     if (rope.get("rope_type") or rope.get("type")) == "longrope" and original:
         return int(original)
     return model_max_len(model)
@@ -179,10 +185,20 @@ def estimate_overhead_bytes(model, tp, max_num_batched_tokens, max_num_seqs, act
     (max_num_batched_tokens x (4 x hidden + 3 x intermediate / tp) elements) + fp32
     logits for max_num_seqs rows of the whole vocabulary (vLLM gathers the logits of
     every rank before sampling, so they do not shrink with tp).
+
+    model: a ModelDescription, or a config.json mapping (its hidden_size,
+    intermediate_size and vocab_size: tests/unit/test_tune_published_memory.py sizes
+    published start-up profiles from the checkpoints' own config.json).
     """
-    hidden = model.get("hidden_size") or 0
-    inter = model.get("intermediate_size") or 4 * hidden
-    vocab = model.get("vocab_size") or 0
+    if isinstance(model, ModelDescription):
+        sizes = (model.hidden_size, model.intermediate_size, model.vocab_size)
+    else:
+        config = model
+        sizes = tuple(config.get(k) for k in ("hidden_size", "intermediate_size",
+                                              "vocab_size"))
+    hidden = sizes[0] or 0
+    inter = sizes[1] or 4 * hidden
+    vocab = sizes[2] or 0
     activations = max_num_batched_tokens * (4 * hidden + 3 * inter // tp) * act_bytes
     logits = max_num_seqs * vocab * 4
     graphs = 0 if enforce_eager else CUDA_GRAPH_BYTES
@@ -273,7 +289,7 @@ def _check_options(model, devices, max_model_len, target_concurrency,
             target_concurrency is not None and int(target_concurrency) < 1):
         raise TuneError(f"target_concurrency {target_concurrency!r} is refused: "
                         "target_concurrency must be >= 1 (an integer)")
-    if model.get("weights_bytes") is None:
+    if model.weights_bytes is None:
         raise TuneError("the model's weight bytes are unknown: give model_path with "
                         "safetensors files, or weights_bytes")
     util = gpu_memory_utilization
@@ -297,7 +313,7 @@ def _check_options(model, devices, max_model_len, target_concurrency,
             raise TuneError(
                 f"max_model_len {wanted:,} is above the model's context of {limit:,} "
                 + ("(max_seq_length in its sentence-transformers config); "
-                   if model.get("sentence_max_seq_length") else
+                   if model.sentence_max_seq_length else
                    "(max_position_embeddings and rope scaling in config.json); ")
                 + "lower it, or "
                 "set allow_long_context if the model was extended (vLLM then needs "
@@ -334,7 +350,7 @@ def _v4_hardware(devices, block_size, reasons):
 def _hardware(devices, model, reasons, block_size=None):
     """The GPU the plan is for (the weakest when they differ), or the CPU backend."""
     v4_block = (_v4_hardware(devices, block_size, reasons)
-                if model["attention"] == "deepseek_v4" else None)
+                if model.attention == "deepseek_v4" else None)
     if block_size is not None and v4_block is None:
         raise TuneError("block_size is chosen by gpufleet for this model (vLLM's "
                         "backends pick it); the option applies to DeepSeek-V4, which "
@@ -350,7 +366,7 @@ def _hardware(devices, model, reasons, block_size=None):
         reasons.append("GPUs differ: planned for the smallest memory and lowest compute "
                        "capability among them.")
     block_size = v4_block or GPU_BLOCK_SIZE
-    if model["attention"] == "mla" and cc[0] in MLA_BLOCK_SIZE:
+    if model.attention == "mla" and cc[0] in MLA_BLOCK_SIZE:
         block_size = MLA_BLOCK_SIZE[cc[0]]
         reasons.append(f"block size {block_size}: vLLM's MLA backend for compute "
                        f"capability {cc[0]}.x uses {block_size}-token blocks.")
@@ -366,13 +382,13 @@ def _hardware(devices, model, reasons, block_size=None):
 
 
 def _served_weights(model, act_bytes, reasons):
-    weights = model["weights_bytes"]
-    fp32 = model.get("weights_dtype") == "F32" or (
-        model.get("torch_dtype") == "float32" and not model.get("weights_dtype"))
-    if fp32 and act_bytes == 2 and not model.get("quantization"):
+    weights = model.weights_bytes
+    fp32 = model.weights_dtype == "F32" or (
+        model.torch_dtype == "float32" and not model.weights_dtype)
+    if fp32 and act_bytes == 2 and not model.quantization:
         reasons.append("weights: float32 checkpoint served in 16 bits, half its bytes.")
         return weights // 2
-    if not fp32 and act_bytes == 4 and not model.get("quantization"):
+    if not fp32 and act_bytes == 4 and not model.quantization:
         # vLLM upcasts a 16-bit checkpoint served as --dtype float32 ("Upcasting").
         reasons.append("weights: 16-bit checkpoint served in float32, twice its bytes.")
         return weights * 2
@@ -421,7 +437,7 @@ def _evaluate_pp(ctx, tp, pp):
     model, hw, opts = ctx["model"], ctx["hw"], ctx["opts"]
     layout = kv_memory.pp_layout(model, tp, pp, hw["block_size"], ctx["kv_dtype"], ctx["act_bytes"],
                                  ctx["async"])
-    ranges = kv_memory.pp_layer_ranges(model["num_layers"], pp)
+    ranges = kv_memory.pp_layer_ranges(model.num_layers, pp)
     weights = kv_memory.pp_stage_weights(model, ctx["weights"], ctx["act_bytes"], ranges)
     target_len = opts["wanted_len"] or opts["limit"]
     if ctx["overhead_bytes"] is not None:
@@ -680,14 +696,14 @@ def _runner(model, pooling, version, reasons):
         reasons.append("enable_prefix_caching and enable_chunked_prefill: on, as in "
                        "vLLM's V1 engine for generative models.")
         return None, None
-    convert = None if model["native_pooling"] else "embed"
+    convert = None if model.native_pooling else "embed"
     if vllm_flags.version_at_least(version, vllm_flags.flag_change("runner_convert")["since"]):
         flags = "--runner pooling" + (" --convert embed" if convert else
                                       " (natively pooling, no conversion)")
     else:
         flags = "--task embed"
-    source = ("sentence-transformers files" if model["sentence_transformers"]
-              else f"architecture {model['architectures'][:1]}")
+    source = ("sentence-transformers files" if model.sentence_transformers
+              else f"architecture {list(model.architectures[:1])}")
     reasons.append(f"runner pooling: an embedding model ({source}); vLLM {version} takes "
                    f"{flags}.")
     reasons.append("enable_prefix_caching and enable_chunked_prefill: off for a pooling "
@@ -695,21 +711,29 @@ def _runner(model, pooling, version, reasons):
     return "pooling", convert
 
 
-def plan(model, gpus, max_model_len="auto", target_concurrency=None,
-         gpu_memory_utilization=None, kv_cache_dtype="auto", allow_fp8=False,
-         kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
-         tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
-         overhead_bytes=None, enforce_eager=False, block_size=None, expert_parallel=None,
-         pipeline_parallel_size=1, draft_model=None, lock=None):
-    """Choose vLLM settings for `model` on `gpus`; see the module docstring.
+def plan(model, gpus, *args, **options):
+    """make_plan(...) as the mapping the vllm_tune module returns: {"settings",
+    "reasons", "prediction", "args"} (TunePlan.as_dict)."""
+    return make_plan(model, gpus, *args, **options).as_dict()
+
+
+def make_plan(model, gpus, max_model_len="auto", target_concurrency=None,
+              gpu_memory_utilization=None, kv_cache_dtype="auto", allow_fp8=False,
+              kv_cache_memory_bytes=None, vllm_version=DEFAULT_VLLM_VERSION, extra_args=None,
+              tensor_parallel_size="auto", dtype="auto", allow_long_context=False,
+              overhead_bytes=None, enforce_eager=False, block_size=None, expert_parallel=None,
+              pipeline_parallel_size=1, draft_model=None, lock=None):
+    """Choose vLLM settings for `model` (a ModelDescription or its mapping) on `gpus`;
+    see the module docstring.
 
     lock: the model's lock (gpufleet.model_lock), required by --trust-remote-code.
 
-    Returns {"args", "settings", "prediction", "reasons"}. Raises TuneError for bad
-    input and NoFitError (with `nearest` and the partial result) when nothing fits.
+    Returns a TunePlan (gpufleet.tune_plan). Raises TuneError for bad input and
+    NoFitError (with `nearest` and the partial result) when nothing fits.
     draft_model: the EAGLE draft's description (speculative.describe_draft) when
     extra_args' --speculative-config names one.
     """
+    model = ModelDescription.of(model)
     reasons = []
     extra_args = engine_args.check_extra_args(extra_args)
     engine_args.check_remote_config(model, extra_args, reasons)
@@ -741,7 +765,7 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     if not hw["cpu"]:
         serve_dtype.check_quantization(model, hw["cc"], reasons)
     dtype_name, act_bytes = serve_dtype.served_dtype(model, hw["cc"], dtype, reasons, hw["cpu"])
-    if model["attention"] == "deepseek_v4":
+    if model.attention == "deepseek_v4":
         kv_dtype = serve_dtype.v4_kv_cache_dtype(kv_cache_dtype, reasons)
     else:
         kv_dtype = serve_dtype.kv_cache_dtype(kv_cache_dtype, allow_fp8, hw["cc"],
@@ -752,10 +776,10 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
     spec = _speculative(extra_args, hw, pp, draft_model)
     ctx = {"model": model, "hw": hw, "opts": opts, "kv_dtype": kv_dtype,
            "act_bytes": act_bytes, "weights": _served_weights(model, act_bytes, reasons),
-           "pooling": model["kind"] == "pooling", "max_num_seqs": max_num_seqs,
+           "pooling": model.kind == "pooling", "max_num_seqs": max_num_seqs,
            "mnbt": max(default_mnbt, max_num_seqs), "overhead_bytes": overhead_bytes,
            "enforce_eager": enforce_eager, "target_concurrency": target_concurrency,
-           "async": kv_memory.async_scheduling(hw["cpu"], model["kind"] == "pooling", extra_args),
+           "async": kv_memory.async_scheduling(hw["cpu"], model.kind == "pooling", extra_args),
            "extra": extra_args, "pp": pp, "spec": spec, "draft": draft_model,
            "result": {"settings": settings, "reasons": reasons}}
 
@@ -781,18 +805,8 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
         reasons.append(f"target_concurrency {opts['requests']}: {concurrency:.2f} requests "
                        f"of {final_len:,} tokens fit at once.")
     runner, convert = _runner(model, ctx["pooling"], vllm_version, reasons)
-    docker = {}
     ep = _expert_parallel(model, tp, expert_parallel, reasons)
-    if tp * pp > 1:
-        docker = {"ipc_mode": "host"}
-        what = (f"tensor parallelism over {tp} GPUs" if pp == 1 else
-                f"tensor x pipeline parallelism over {tp * pp} GPUs")
-        reasons.append(f"docker ipc_mode host: {what} shares "
-                       "memory between workers; Docker's 64 MB /dev/shm hangs them "
-                       "(or set shm_size to several GiB).")
-    env = {}
-    if opts["wanted_len"] and opts["wanted_len"] > opts["limit"]:
-        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    docker, env = _container(tp, pp, opts, reasons)
     emits_util = not hw["cpu"] and opts["kv_cache_memory_bytes"] is None
     settings.update({
         "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "replicas": replicas, "max_model_len": final_len,
@@ -808,43 +822,65 @@ def plan(model, gpus, max_model_len="auto", target_concurrency=None,
                                                            not ctx["pooling"]),
         "enforce_eager": bool(enforce_eager),
         "docker": docker, "env": env, "enable_expert_parallel": ep,
-        "emit_block_size": model["attention"] == "deepseek_v4",
+        "emit_block_size": model.attention == "deepseek_v4",
     })
     if spec is not None:
         settings["speculative"] = dict(settings["speculative"],
                                        async_scheduling=bool(ctx["async"]))
-    result = ctx["result"]
-    result["prediction"] = {
-        "kv_bytes_per_token": layout["per_token_layer_bytes"] * layout["num_layers"],
-        "kv_bytes_per_token_per_layer": layout["per_token_layer_bytes"],
-        "weights_bytes_per_gpu": chosen["weights_per_gpu"],
-        "overhead_bytes_per_gpu": chosen["overhead"],
-        "kv_cache_bytes": chosen["kv_bytes"],
-        "num_blocks": num_blocks,
-        "kv_cache_tokens": tokens,
-        "max_concurrency": round(concurrency, 2) if concurrency is not None else None,
-        "max_model_len_that_fits": chosen["fit_len"],
-    }
-    if pp > 1:
-        result["prediction"]["pipeline_stages"] = chosen["stages"]
+    prediction = _prediction(ctx, chosen, final_len, num_blocks, tokens, concurrency)
+    args = engine_args.serve_args(settings, vllm_version, list(extra_args or []), reasons)
+    return TunePlan(settings=settings, reasons=tuple(reasons), prediction=prediction,
+                    args=tuple(args))
+
+
+def _container(tp, pp, opts, reasons):
+    """(docker options, environment) of the container the plan runs in."""
+    docker = {}
+    if tp * pp > 1:
+        docker = {"ipc_mode": "host"}
+        what = (f"tensor parallelism over {tp} GPUs" if pp == 1 else
+                f"tensor x pipeline parallelism over {tp * pp} GPUs")
+        reasons.append(f"docker ipc_mode host: {what} shares "
+                       "memory between workers; Docker's 64 MB /dev/shm hangs them "
+                       "(or set shm_size to several GiB).")
+    env = {}
+    if opts["wanted_len"] and opts["wanted_len"] > opts["limit"]:
+        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    return docker, env
+
+
+def _prediction(ctx, chosen, final_len, num_blocks, tokens, concurrency):
+    """The Prediction of the chosen layout: bytes, blocks, tokens, requests at once."""
+    layout = chosen["layout"]
+    groups = None
     if "kv_cache_groups" in layout:
-        result["prediction"].update({
-            "kv_cache_groups": layout["kv_cache_groups"],
-            "bytes_per_block": layout["bytes_per_block"],
-            "blocks_per_request": kv_memory.blocks_per_request(layout, final_len, ctx["mnbt"]),
-            "fixed_blocks_per_request": kv_memory.fixed_blocks_per_request(
-                layout, kv_memory.in_flight_tokens(layout, ctx["mnbt"])),
-        })
-    result["args"] = _args(settings, vllm_version, list(extra_args or []), reasons)
-    return result
+        groups = GroupPrediction(
+            kv_cache_groups=layout["kv_cache_groups"],
+            bytes_per_block=layout["bytes_per_block"],
+            blocks_per_request=kv_memory.blocks_per_request(layout, final_len, ctx["mnbt"]),
+            fixed_blocks_per_request=kv_memory.fixed_blocks_per_request(
+                layout, kv_memory.in_flight_tokens(layout, ctx["mnbt"])))
+    return Prediction(
+        kv_bytes_per_token=layout["per_token_layer_bytes"] * layout["num_layers"],
+        kv_bytes_per_token_per_layer=layout["per_token_layer_bytes"],
+        weights_bytes_per_gpu=chosen["weights_per_gpu"],
+        overhead_bytes_per_gpu=chosen["overhead"],
+        kv_cache_bytes=chosen["kv_bytes"],
+        num_blocks=num_blocks,
+        kv_cache_tokens=tokens,
+        max_concurrency=round(concurrency, 2) if concurrency is not None else None,
+        max_model_len_that_fits=chosen["fit_len"],
+        pipeline_stages=chosen["stages"] if ctx["pp"] > 1 else None,
+        groups=groups)
 
 
 def _expert_parallel(model, tp, requested, reasons):
     """--enable-expert-parallel: on by default for DeepSeek-V4 across GPUs (whole
     experts per rank instead of slices of every expert; the KV cache and the weight
     bytes per GPU are the same either way)."""
+    model = ModelDescription.of(model)
     if requested is not None:
-        if requested and not model.get("moe"):
+        if requested and not model.moe:
             raise TuneError("expert_parallel needs a mixture-of-experts model; this one "
                             "has no routed experts in config.json")
         if requested and tp == 1:
@@ -854,8 +890,8 @@ def _expert_parallel(model, tp, requested, reasons):
             reasons.append(f"enable_expert_parallel: set by the user; the experts are "
                            f"spread over the {tp} GPUs.")
         return bool(requested)
-    if model["attention"] == "deepseek_v4" and model.get("moe") and tp > 1:
-        experts = model["moe"]["num_experts"]
+    if model.attention == "deepseek_v4" and model.moe and tp > 1:
+        experts = model.moe["num_experts"]
         reasons.append(f"enable_expert_parallel: DeepSeek-V4's {experts} routed experts "
                        f"are placed whole, {experts // tp} per GPU, instead of each being "
                        f"cut in {tp}; weight bytes and KV cache per GPU are the same.")
@@ -865,43 +901,6 @@ def _expert_parallel(model, tp, requested, reasons):
 
 def _gib(value):
     return f"{value / GiB:.2f}"
-
-
-def _args(settings, version, extra_args, reasons):
-    args = []
-    if settings["runner"] == "pooling":
-        if vllm_flags.version_at_least(version, vllm_flags.flag_change("runner_convert")["since"]):
-            args += ["--runner", "pooling"]
-            if settings["convert"]:
-                args += ["--convert", settings["convert"]]
-        else:
-            args += ["--task", "embed"]
-    args += ["--tensor-parallel-size", str(settings["tensor_parallel_size"])]
-    if settings.get("pipeline_parallel_size", 1) > 1:
-        args += ["--pipeline-parallel-size", str(settings["pipeline_parallel_size"])]
-    args += ["--max-model-len", str(settings["max_model_len"]),
-             "--max-num-seqs", str(settings["max_num_seqs"]),
-             "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]),
-             "--dtype", settings["dtype"]]
-    if settings.get("emit_block_size"):
-        args += ["--block-size", str(settings["block_size"])]
-    if settings.get("enable_expert_parallel"):
-        args.append("--enable-expert-parallel")
-    if settings["kv_cache_memory_bytes"] is not None:
-        args += ["--kv-cache-memory-bytes", str(settings["kv_cache_memory_bytes"])]
-    elif settings["gpu_memory_utilization"] is not None:
-        args += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
-    if settings["kv_cache_dtype"] != "auto":
-        args += ["--kv-cache-dtype", settings["kv_cache_dtype"]]
-    if settings["enable_prefix_caching"]:
-        args.append("--enable-prefix-caching")
-    if settings["enable_chunked_prefill"]:
-        args.append("--enable-chunked-prefill")
-    extra = engine_args.translate_extra_args(extra_args, version, reasons)
-    if settings["enforce_eager"] and "--enforce-eager" not in extra:
-        # The plan reserved no CUDA-graph memory; vLLM must not capture graphs either.
-        args.append("--enforce-eager")
-    return args + extra
 
 
 def _raise_no_fit(ctx, evaluations):
