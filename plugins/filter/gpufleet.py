@@ -80,15 +80,15 @@ def metric_samples(text):
 
 
 def bad_repo_ids(repo_ids):
-    """The entries of `repo_ids` that hf_model would refuse (gpufleet.hub.validate_repo_id,
+    """The entries of `repo_ids` that hf_model would refuse (gpufleet.hub_names.validate_repo_id,
     the one rule), so a role's preflight refuses them before anything is fetched."""
-    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub  # here, not at the top: hub needs requests, the others do not
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub_errors, hub_names  # no requests needed
 
     bad = []
     for repo_id in repo_ids or []:
         try:
-            hub.validate_repo_id(repo_id)
-        except hub.HubError:
+            hub_names.validate_repo_id(repo_id)
+        except hub_errors.HubError:
             bad.append(repo_id)
     return bad
 

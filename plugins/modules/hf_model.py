@@ -428,12 +428,13 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub_client
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import model_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import p2p
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import revisions
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import tls
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import HubError
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub_client import PUBLIC_ENDPOINT, HubClient
 
 
 def main():
@@ -451,12 +452,12 @@ def main():
             verify=dict(type="str", choices=["full", "manifest"], default="manifest"),
             timeout=dict(type="float", default=30),
             retries=dict(type="int", default=5),
-            max_file_attempts=dict(type="int", default=hub.MAX_FILE_ATTEMPTS),
-            max_total_retries=dict(type="int", default=hub.MAX_TOTAL_RETRIES),
-            deadline=dict(type="float", default=hub.DEADLINE),
-            min_rate=dict(type="int", default=hub.MIN_RATE),
-            max_api_bytes=dict(type="int", default=hub.MAX_API_BYTES),
-            max_listing_entries=dict(type="int", default=hub.MAX_LISTING_ENTRIES),
+            max_file_attempts=dict(type="int", default=hub_client.MAX_FILE_ATTEMPTS),
+            max_total_retries=dict(type="int", default=hub_client.MAX_TOTAL_RETRIES),
+            deadline=dict(type="float", default=hub_client.DEADLINE),
+            min_rate=dict(type="int", default=hub_client.MIN_RATE),
+            max_api_bytes=dict(type="int", default=hub_client.MAX_API_BYTES),
+            max_listing_entries=dict(type="int", default=hub_client.MAX_LISTING_ENTRIES),
             lock=dict(type="raw"),
             revisions_keep=dict(type="int", default=revisions.KEEP_MIN),
             revisions_pinned=dict(type="list", elements="str", default=[]),

@@ -155,8 +155,8 @@ def run_p2p(work, n, torrent, model, web_seed, fallback):
 def run_http(work, n, url):
     """n hosts at once, each gpufleet.hub.sync_repo from the mirror."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "plugins/module_utils"))
-    code = ("import sys; from gpufleet import hub; "
-            "r = hub.sync_repo(hub.HubClient(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4],"
+    code = ("import sys; from gpufleet import hub, hub_client; "
+            "r = hub.sync_repo(hub_client.HubClient(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4],"
             " max_workers=4); assert r['commit'] == sys.argv[3]")
     t0 = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-c", code, url, REPO, COMMIT,

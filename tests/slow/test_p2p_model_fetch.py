@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from gpufleet import hub, hub_mirror, p2p
+from gpufleet import hub, hub_client, hub_mirror, p2p
 from helpers import run_playbook
 from hfstub.badpeer import BadPeer
 from hfstub.nginxlab import Nginx, free_port, render_site_conf
@@ -132,7 +132,7 @@ def fleet(tmp_path_factory):
     started = time.monotonic()
     folder = tmp / "mirror" / "tiny-p2p"
     with HubStub([Repo(REPO, _files())]) as s:
-        hub.sync_repo(hub.HubClient(s.url), REPO, "main", str(folder))
+        hub.sync_repo(hub_client.HubClient(s.url), REPO, "main", str(folder))
     model = hub_mirror.read_model_folder(str(folder))
     for name, text in PLAYS.items():
         (tmp / name).write_text(text)

@@ -309,10 +309,10 @@ def hub_stub():
 @pytest.fixture(scope="module")
 def fetched_model(hub_stub, tmp_path_factory):
     """A model folder fetched and verified by gpufleet.hub from the stand-in hub."""
-    from gpufleet import hub
+    from gpufleet import hub, hub_client
 
     folder = tmp_path_factory.mktemp("fetched") / "tiny"
-    hub.sync_repo(hub.HubClient(hub_stub.url), "org/tiny", "main", folder)
+    hub.sync_repo(hub_client.HubClient(hub_stub.url), "org/tiny", "main", folder)
     return folder
 
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpufleet import hub, hub_mirror, p2p
+from gpufleet import hub, hub_client, hub_listing, hub_mirror, p2p
 from hfstub.server import HubStub, Repo, git_blob_sha1  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -20,8 +20,8 @@ COMMIT = "a" * 40
 
 def _rf(path, data, lfs=False):
     if lfs:
-        return hub.RepoFile(path, len(data), "sha256", hashlib.sha256(data).hexdigest())
-    return hub.RepoFile(path, len(data), "sha1", git_blob_sha1(data))
+        return hub_listing.RepoFile(path, len(data), "sha256", hashlib.sha256(data).hexdigest())
+    return hub_listing.RepoFile(path, len(data), "sha1", git_blob_sha1(data))
 
 
 LISTING = [_rf("model.safetensors", b"w" * 100, lfs=True), _rf("config.json", b"{}"),
@@ -183,7 +183,7 @@ def test_verify_file_uses_hf_models_rule(tmp_path):
     assert p2p.verify_file(tmp_path / "f", _rf("f", data)) is None
     assert p2p.verify_file(tmp_path / "f", _rf("f", data, lfs=True)) is None
     assert "sha1" in p2p.verify_file(tmp_path / "f", _rf("f", b"hellO"))
-    pinned = hub.RepoFile("f", 5, "sha1", git_blob_sha1(data), pinned="0" * 64)
+    pinned = hub_listing.RepoFile("f", 5, "sha1", git_blob_sha1(data), pinned="0" * 64)
     assert "the lock pins" in p2p.verify_file(tmp_path / "f", pinned)
 
 
@@ -240,8 +240,8 @@ def test_two_makes_give_the_same_torrent_and_other_bytes_another(tmp_path):
     files = {"config.json": b'{"hidden_size": 64}', "model.safetensors": os.urandom(300 << 10),
              "README.md": b""}
     with HubStub([Repo("lab/t", files), Repo("lab/u", {**files, "config.json": b"{}"})]) as s:
-        hub.sync_repo(hub.HubClient(s.url), "lab/t", "main", str(tmp_path / "t"))
-        hub.sync_repo(hub.HubClient(s.url), "lab/u", "main", str(tmp_path / "u"))
+        hub.sync_repo(hub_client.HubClient(s.url), "lab/t", "main", str(tmp_path / "t"))
+        hub.sync_repo(hub_client.HubClient(s.url), "lab/u", "main", str(tmp_path / "u"))
     one = _make(tmp_path / "t", tmp_path / "1.torrent")
     os.utime(tmp_path / "t/.gpufleet/manifest.json")  # made again later: same bytes
     two = _make(tmp_path / "t", tmp_path / "2.torrent")
@@ -261,7 +261,7 @@ def test_two_makes_give_the_same_torrent_and_other_bytes_another(tmp_path):
 @pytest.mark.skipif(not _sys_libtorrent(), reason="python3-libtorrent is not installed")
 def test_make_refuses_a_folder_changed_since_it_was_verified(tmp_path):
     with HubStub([Repo("lab/t", {"config.json": b"{}", "w.bin": b"x" * 1000})]) as s:
-        hub.sync_repo(hub.HubClient(s.url), "lab/t", "main", str(tmp_path / "t"))
+        hub.sync_repo(hub_client.HubClient(s.url), "lab/t", "main", str(tmp_path / "t"))
     (tmp_path / "t/w.bin").write_bytes(b"y" * 1000)
     r = subprocess.run(["/usr/bin/python3", str(ROOT / "tests/hfstub/p2ppeer.py"), "make",
                         str(tmp_path / "t"), str(tmp_path / "x.torrent")],

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import hf_model
-from gpufleet import fetch_wait, hub, p2p
+from gpufleet import fetch_wait, hub, hub_client, hub_fetch, p2p
 from helpers import run_module
 from hfstub.server import HubStub, Repo  # noqa: E402
 
@@ -239,10 +239,10 @@ def stub():
 
 def test_disk_check_refuses_before_the_swarm_starts(stub, tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(hub.shutil, "disk_usage",
+    monkeypatch.setattr(hub_fetch.shutil, "disk_usage",
                         lambda path: type("U", (), {"free": 1000, "total": 1 << 30})())
     with pytest.raises(hub.DiskSpaceError):
-        hub.sync_repo(hub.HubClient(stub.url), "org/tiny", "main", str(tmp_path / "d"),
+        hub.sync_repo(hub_client.HubClient(stub.url), "org/tiny", "main", str(tmp_path / "d"),
                       runner=lambda *a, **k: calls.append(a))
     assert calls == [] and not (tmp_path / "d").exists()
 
@@ -252,14 +252,14 @@ def test_runner_brings_the_missing_bytes_and_not_when_none_are(stub, tmp_path):
 
     def runner(fetcher, plan, progress_path=None):  # stands in for the swarm
         calls.append(sorted(f.path for f, s in plan))
-        client = hub.HubClient(stub.url)
+        client = hub_client.HubClient(stub.url)
         client.start()
         return fetcher.run(plan, progress_path=progress_path)
 
     dest = str(tmp_path / "d")
-    res = hub.sync_repo(hub.HubClient(stub.url), "org/tiny", "main", dest, runner=runner)
+    res = hub.sync_repo(hub_client.HubClient(stub.url), "org/tiny", "main", dest, runner=runner)
     assert res["changed"] and calls == [sorted(FILES)]
-    res = hub.sync_repo(hub.HubClient(stub.url), "org/tiny", "main", dest, runner=runner)
+    res = hub.sync_repo(hub_client.HubClient(stub.url), "org/tiny", "main", dest, runner=runner)
     assert not res["changed"] and len(calls) == 1  # verified: no swarm
 
 

@@ -16,8 +16,18 @@ GPUs and the host stack
   hoststate        a host's state record: is it exactly as its last full site.yml run left it
 
 Models and their weights
-  hub              Hugging Face hub or mirror client: listing, verified parallel download,
-                   manifest
+  hub              a verified model fetch from a Hugging Face hub or mirror: sync_repo (one
+                   commit's files into dest), a lock written from a hub or a verified folder;
+                   the fetch's errors (named in its __all__)
+  hub_errors       the fetch's errors (HubError and the ones every step raises)
+  hub_names        what a repo id, revision, listed path or endpoint URL may be; a path under
+                   a root that no link leads out of; credentials kept out of messages
+  hub_listing      a commit's listing: its files (RepoFile) and what their bytes hash to,
+                   allow/ignore patterns
+  hub_client       the HTTP client (requests): retries, redirects, the token's origin, byte
+                   caps, minimum rate, deadline
+  hub_manifest     dest's state folder: the verified manifest and what a re-run trusts
+  hub_fetch        the bytes: streamed, hashed, resumed, quarantined, renamed; free space first
   hub_mirror       the site mirror: verified folders as a static tree nginx serves
   revisions        model revisions side by side: one folder per commit, the served link
   model_lock       a model's lock: commit and every file's sha256, pinned on the control node

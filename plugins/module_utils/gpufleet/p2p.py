@@ -25,7 +25,7 @@ Python (importable without Ansible and without libtorrent):
   p2p mode refuses such an endpoint instead of fetching whole files per piece.
 - :func:`verify_file` / :func:`place_file`: each downloaded file is checked with
   hf_model's rule (sha256 for LFS files, git blob sha1 otherwise, and the lock's sha256
-  where one pins it: hub.RepoFile) before it gets its final name.
+  where one pins it: hub_listing.RepoFile) before it gets its final name.
 
 The engine part (:func:`make_torrent`, :func:`run_peer`) imports libtorrent when called.
 """
@@ -41,9 +41,11 @@ import tempfile
 import time
 
 from . import grammar
-from .hub import (CHUNK, STATE_DIR, HubError, RepoFile, UnsafePathError, _HEX40,
-                  _open_nofollow, manifest_entries, path_under, safe_relpath, state_path,
-                  validate_repo_id, write_manifest)
+from .hub_client import CHUNK
+from .hub_errors import HubError, UnsafePathError
+from .hub_listing import RepoFile
+from .hub_manifest import manifest_entries, open_nofollow, state_path, write_manifest
+from .hub_names import HEX40, STATE_DIR, path_under, safe_relpath, validate_repo_id
 
 P2P_DIR = "p2p"  # dest/.gpufleet/p2p/<commit>/...: libtorrent's storage (partial area)
 MIN_PIECE = 16 << 10  # BitTorrent v2 pieces: a power of two, at least 16 KiB
@@ -80,7 +82,7 @@ def torrent_files(model):
     names the root folder, files sorted by path. Empty files are left out (a torrent
     cannot carry them; the host writes them itself, they hash like any other)."""
     commit = model.get("commit")
-    if not isinstance(commit, str) or not _HEX40.match(commit):
+    if not isinstance(commit, str) or not HEX40.match(commit):
         raise P2PError(f"commit {commit!r:.60} is not a commit sha: make torrents only from "
                        "a complete hf_model manifest.")
     files = []
@@ -339,7 +341,7 @@ def verify_file(path, f):
     """hf_model's rule on a file: None when its bytes hash to the listing's digest (and
     the lock's sha256, if pinned), else a description of the mismatch."""
     h = f.hasher()
-    with _open_nofollow(path, "rb") as fh:
+    with open_nofollow(path, "rb") as fh:
         while chunk := fh.read(CHUNK):
             h.update(chunk)
     got = h.hexdigest()
@@ -652,7 +654,7 @@ def _finish(dest, job, listing, carried):
         if f.path not in carried_paths and f.size == 0:
             final = path_under(dest, f.path, final_may_be_link=True)
             os.makedirs(os.path.dirname(final), exist_ok=True)
-            with _open_nofollow(final, "wb"):
+            with open_nofollow(final, "wb"):
                 pass
             if verify_file(final, f):
                 raise P2PError(f"{f.path}: an empty file does not hash to the listing's digest.")
@@ -849,13 +851,13 @@ def check_plan(result, job):
 # ---------------------------------------------------------------- fetch (hub.sync_repo's runner)
 
 def _progress_writer(path, total_files, total_bytes):
-    from .hub import _write_json_atomic  # noqa: PLC0415
+    from .hub_manifest import write_json_atomic  # noqa: PLC0415
 
     def write(files_done, verified, by_source):
         if not path:
             return
         got = int(by_source.get("peers", 0)) + int(by_source.get("web_seed", 0))
-        _write_json_atomic(path, {
+        write_json_atomic(path, {
             "files_done": files_done, "files_total": total_files,
             "bytes_downloaded": got, "bytes_verified": min(verified, total_bytes),
             "bytes_total": total_bytes, "bytes_from_peers": int(by_source.get("peers", 0)),
@@ -874,10 +876,10 @@ class Runner:
         self.job, self.repo_id, self.result = dict(job), repo_id, None
 
     def __call__(self, fetcher, plan, progress_path=None):
-        from .hub import _Stats  # noqa: PLC0415
+        from .hub_fetch import Stats  # noqa: PLC0415
 
         total = sum(f.size for f, _state in plan)
-        fetcher.stats = _Stats(fetcher.dest, len(plan), total, False)
+        fetcher.stats = Stats(fetcher.dest, len(plan), total, False)
         # the folder's layout as after an http fetch (a re-run finds what it left)
         os.makedirs(state_path(fetcher.dest, "incomplete"), exist_ok=True)
         outcome, todo = {}, []
@@ -985,7 +987,7 @@ def stop_seeder(store, wait=30.0, proc="/proc"):
     for path in (state_file, stop_file):
         if os.path.lexists(path):
             os.unlink(path)
-    if state.get("dest") and _HEX40.match(str(state.get("commit", ""))):
+    if state.get("dest") and HEX40.match(str(state.get("commit", ""))):
         cleanup(state["dest"], state["commit"])  # nothing seeds from it any more
     return state if state["running"] else None
 
@@ -1036,8 +1038,8 @@ def start_seeder(store, job):
              "listen": f"{job['listen']}:{job.get('port', DEFAULT_PORT)}",
              "policy": job.get("seed", "until_rollout_end"), "log": log_file,
              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    from .hub import _write_json_atomic  # noqa: PLC0415
-    _write_json_atomic(state_file, state)
+    from .hub_manifest import write_json_atomic  # noqa: PLC0415
+    write_json_atomic(state_file, state)
     return dict(state, running=True)
 
 
@@ -1108,7 +1110,7 @@ def write_torrents(out_dir, models, check_mode=False):
     out_dir/<org--name>.torrent and .json ({repo_id, commit, infohash, infohash_v2}),
     written only when their bytes change (make_torrent is deterministic). Returns
     ([{repo_id, commit, infohash, torrent, changed}], changed paths)."""
-    from .hub import _write_json_atomic  # noqa: PLC0415
+    from .hub_manifest import write_json_atomic  # noqa: PLC0415
 
     out, changed = [], []
     for model in models:
@@ -1130,6 +1132,6 @@ def write_torrents(out_dir, models, check_mode=False):
                 with open(tmp, "wb") as fh:
                     fh.write(data)
                 os.replace(tmp, base + ".torrent")
-                _write_json_atomic(base + ".json", facts)
+                write_json_atomic(base + ".json", facts)
         out.append(dict(facts, torrent=base + ".torrent", changed=not same))
     return out, changed
