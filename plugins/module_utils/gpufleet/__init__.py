@@ -31,7 +31,16 @@ Models and their weights
   hub_mirror       the site mirror: verified folders as a static tree nginx serves
   revisions        model revisions side by side: one folder per commit, the served link
   model_lock       a model's lock: commit and every file's sha256, pinned on the control node
-  p2p              peer-to-peer fan-out of verified folders (libtorrent), every file re-hashed
+  p2p              peer-to-peer fan-out of verified folders (libtorrent): the engine (run_peer),
+                   hf_model's runner, every file re-hashed; its errors (named in __all__)
+  p2p_errors       p2p's errors (P2PError, WebSeedDown)
+  p2p_torrent      what a torrent of a verified folder holds, the checks a host applies to one,
+                   the mirror's torrents
+  p2p_swarm        who a host's session may talk to (settings, address filter) and when it may
+                   use the mirror's web seed
+  p2p_plan         model_fetch's p2p plan: transports, seed policies, ports, rates, the fleet's
+                   addresses, each host's job
+  p2p_seeder       the detached seeder: started, found again, stopped
   fetch_wait       the model fetch wait's options and progress line
 
 Tuning vLLM
