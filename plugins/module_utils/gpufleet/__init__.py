@@ -70,7 +70,11 @@ Serving, the gateway, rollouts
   redact           what in a model entry is a secret, and how it is kept out of files
 
 Benchmarks
-  bench            the matrix to run and what `vllm bench serve` results say (knee, cliff)
+  bench            the matrix to run and the `vllm bench serve` runs that measure it (flags,
+                   instances, the container's environment)
+  bench_results    what one saved `vllm bench serve` result says: a point, a failed point, a row
+  bench_analysis   what a curve says: the knee, the cliff, the findings; the knee as facts
+  bench_gpu        GPU utilisation during a point (`nvidia-smi dmon`)
   bench_report     the run folder: raw results, CSV, plots, HTML
 
 Shared rules
