@@ -229,8 +229,6 @@ def _write_manifest(dest, client, repo_id, revision, commit, fetcher, plan, outc
     return True
 
 
-
-
 # ---------------------------------------------------------------- writing a lock
 
 def lock_from_hub(client, repo_id, revision, max_workers=8):

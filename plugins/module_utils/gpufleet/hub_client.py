@@ -55,7 +55,6 @@ class Transient(Exception):
         self.slow = slow  # slower than min_rate: bytes it brought do not count as progress
 
 
-
 class HubClient:
     """requests-based client with retries (backoff, Retry-After) for the HF API subset.
 
@@ -144,7 +143,7 @@ class HubClient:
                     requests.exceptions.ChunkedEncodingError,
                     requests.exceptions.ContentDecodingError) as exc:
                 raise Transient(f"connection to {redact_url(url)} failed: "
-                                 f"{type(exc).__name__}") from None
+                                f"{type(exc).__name__}") from None
             except (requests.RequestException, urllib3.exceptions.HTTPError,
                     http.client.HTTPException, OSError, ValueError) as exc:
                 raise HubError(f"request to {redact_url(url)} failed: "
@@ -205,7 +204,7 @@ class HubClient:
             except (requests.RequestException, urllib3.exceptions.HTTPError,
                     http.client.HTTPException, OSError, ValueError) as exc:
                 raise Transient(f"connection to {redact_url(url)} lost "
-                                 f"({type(exc).__name__})") from None
+                                f"({type(exc).__name__})") from None
             for piece in decoder.feed(raw, room):
                 room -= len(piece)
                 yield piece
@@ -216,8 +215,8 @@ class HubClient:
             if self.min_rate and now - t0 >= self.timeout:
                 if n0 < self.min_rate * (now - t0):
                     raise Transient(f"{redact_url(url)} sent {n0 / (now - t0):.0f} bytes/s "
-                                     f"over {now - t0:.1f} s, below min_rate "
-                                     f"({self.min_rate:g})", slow=True)
+                                    f"over {now - t0:.1f} s, below min_rate "
+                                    f"({self.min_rate:g})", slow=True)
                 t0, n0 = now, 0
 
     def wait(self, attempt, retry_after=None, reason="a request failed"):

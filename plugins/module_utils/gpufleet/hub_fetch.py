@@ -115,8 +115,6 @@ class Stats:
             "bytes_total": self.total_bytes, "updated": utc_now()})
 
 
-
-
 def _flat(path):
     """One file name for a repo path (hashed when too long for a file name)."""
     name = path.replace("%", "%25").replace("/", "%2F")
@@ -334,7 +332,7 @@ class Fetcher:
                                          "its answers end there every time")
                 clean_end = part.offset
                 raise Transient(f"{f.path}: the body ended after {part.offset} of "
-                                 f"{f.size} bytes")
+                                f"{f.size} bytes")
             except Transient as exc:
                 progressed = part.offset > high and not exc.slow
                 high = max(high, part.offset)

@@ -111,6 +111,5 @@ def write_manifest(dest, repo_id, revision, commit, endpoint, entries, complete=
         "complete": complete, "files": entries})
 
 
-
 def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -95,7 +95,6 @@ def _ip(endpoint):
     return str(endpoint[0]) if isinstance(endpoint, tuple) else str(endpoint)
 
 
-
 def _block_bytes(ti, piece, block, block_size=16 << 10):
     """Bytes of one block (16 KiB, the last of a piece may be shorter)."""
     return max(0, min(block_size, ti.piece_size(piece) - block * block_size))
