@@ -12,7 +12,8 @@ import os
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import (
-    engine_args, p2p, prometheus_text, rollout, serve, upgrade)
+    engine_args, p2p_errors, p2p_plan, p2p_swarm, p2p_torrent, prometheus_text, rollout, serve,
+    upgrade)
 
 # The collection's root (the checkout, through collections/, or an installed copy): the
 # state check's roles and code are this folder's, wherever the playbook that runs it lives
@@ -32,41 +33,42 @@ def _wrap(func):
 
 
 def p2p_problems(models, transport, seed, upload_rate, download_rate, port,
-                 web_seed_hosts=p2p.WEB_SEED_HOSTS, web_seed_fallback=p2p.WEB_SEED_FALLBACK):
-    """model_fetch's preflight of its p2p settings (p2p.check_settings, p2p.model_transports):
-    the problems, each naming the variable and what it takes."""
-    _transports, problems = p2p.model_transports(models, transport)
-    return p2p.check_settings(transport, seed, upload_rate, download_rate, port,
-                              web_seed_hosts, web_seed_fallback) + problems
+                 web_seed_hosts=p2p_swarm.WEB_SEED_HOSTS,
+                 web_seed_fallback=p2p_swarm.WEB_SEED_FALLBACK):
+    """model_fetch's preflight of its p2p settings (p2p_plan.check_settings,
+    p2p_plan.model_transports): the problems, each naming the variable and what it takes."""
+    _transports, problems = p2p_plan.model_transports(models, transport)
+    return p2p_plan.check_settings(transport, seed, upload_rate, download_rate, port,
+                                   web_seed_hosts, web_seed_fallback) + problems
 
 
 def p2p_web_seed_delay(host, hosts, first, fallback):
-    """The web-seed policy's seconds of peers only for `host` (p2p.web_seed_delay); an
+    """The web-seed policy's seconds of peers only for `host` (p2p_swarm.web_seed_delay); an
     extra var (-e) comes as a string: digits are taken as the number they spell."""
     def number(value, kind):
         if isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
             return kind(value) if kind is float or value.strip().isdigit() else value
         return value
     try:
-        return p2p.web_seed_delay(host, list(hosts or []), number(first, int),
-                                  number(fallback, float))
-    except p2p.P2PError as exc:
+        return p2p_swarm.web_seed_delay(host, list(hosts or []), number(first, int),
+                                        number(fallback, float))
+    except p2p_errors.P2PError as exc:
         raise AnsibleFilterError(str(exc)) from None
 
 
 def p2p_fleet(hosts, hostvars):
-    """{addresses: {host: IP}, problems} of the p2p hosts (p2p.fleet_addresses)."""
-    pairs, problems = p2p.fleet_addresses(hosts, hostvars)
+    """{addresses: {host: IP}, problems} of the p2p hosts (p2p_plan.fleet_addresses)."""
+    pairs, problems = p2p_plan.fleet_addresses(hosts, hostvars)
     return {"addresses": dict(pairs), "problems": problems}
 
 
 def torrent_infohash(path):
-    """The v1 infohash of a torrent file on the control node (p2p.infohashes, plain
+    """The v1 infohash of a torrent file on the control node (p2p_torrent.infohashes, plain
     Python): what the hosts are told to accept."""
     try:
         with open(path, "rb") as fh:
-            return p2p.infohashes(fh.read())[0]
-    except (OSError, p2p.P2PError) as exc:
+            return p2p_torrent.infohashes(fh.read())[0]
+    except (OSError, p2p_errors.P2PError) as exc:
         raise AnsibleFilterError(f"torrent {path}: {exc}") from exc
 
 
@@ -80,15 +82,15 @@ def metric_samples(text):
 
 
 def bad_repo_ids(repo_ids):
-    """The entries of `repo_ids` that hf_model would refuse (gpufleet.hub.validate_repo_id,
+    """The entries of `repo_ids` that hf_model would refuse (gpufleet.hub_names.validate_repo_id,
     the one rule), so a role's preflight refuses them before anything is fetched."""
-    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub  # here, not at the top: hub needs requests, the others do not
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub_errors, hub_names  # no requests needed
 
     bad = []
     for repo_id in repo_ids or []:
         try:
-            hub.validate_repo_id(repo_id)
-        except hub.HubError:
+            hub_names.validate_repo_id(repo_id)
+        except hub_errors.HubError:
             bad.append(repo_id)
     return bad
 
@@ -295,10 +297,10 @@ class FilterModule:
             "gpufleet_metric_samples": metric_samples,
             "gpufleet_p2p_problems": p2p_problems,
             "gpufleet_p2p_fleet": p2p_fleet,
-            "gpufleet_p2p_port": p2p.model_port,
+            "gpufleet_p2p_port": p2p_plan.model_port,
             "gpufleet_p2p_web_seed_delay": p2p_web_seed_delay,
             "gpufleet_torrent_infohash": torrent_infohash,
-            "gpufleet_torrent_name": p2p.torrent_name,
+            "gpufleet_torrent_name": p2p_torrent.torrent_name,
             "gpufleet_local_url": serve.local_url,
             "gpufleet_target": serve.target,
             "gpufleet_stale_cache_dirs": serve.stale_cache_dirs,

@@ -96,7 +96,7 @@ changed_paths:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import HubError
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import p2p
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import p2p_torrent
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub_mirror import build_site, read_model_folder
 
 
@@ -121,7 +121,7 @@ def main():
         result = build_site(module.params["root"], module.params["models"],
                             check_mode=module.check_mode)
         if module.params["torrents"]:
-            result["torrents"], paths = p2p.write_torrents(
+            result["torrents"], paths = p2p_torrent.write_torrents(
                 module.params["torrents"],
                 [read_model_folder(m["path"], m.get("repo_id")) for m in module.params["models"]],
                 check_mode=module.check_mode)

@@ -428,12 +428,16 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub_client
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import model_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import p2p
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import p2p_plan
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import p2p_seeder
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import p2p_swarm
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import revisions
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import tls
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import HubError
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub_client import PUBLIC_ENDPOINT, HubClient
 
 
 def main():
@@ -451,27 +455,27 @@ def main():
             verify=dict(type="str", choices=["full", "manifest"], default="manifest"),
             timeout=dict(type="float", default=30),
             retries=dict(type="int", default=5),
-            max_file_attempts=dict(type="int", default=hub.MAX_FILE_ATTEMPTS),
-            max_total_retries=dict(type="int", default=hub.MAX_TOTAL_RETRIES),
-            deadline=dict(type="float", default=hub.DEADLINE),
-            min_rate=dict(type="int", default=hub.MIN_RATE),
-            max_api_bytes=dict(type="int", default=hub.MAX_API_BYTES),
-            max_listing_entries=dict(type="int", default=hub.MAX_LISTING_ENTRIES),
+            max_file_attempts=dict(type="int", default=hub_client.MAX_FILE_ATTEMPTS),
+            max_total_retries=dict(type="int", default=hub_client.MAX_TOTAL_RETRIES),
+            deadline=dict(type="float", default=hub_client.DEADLINE),
+            min_rate=dict(type="int", default=hub_client.MIN_RATE),
+            max_api_bytes=dict(type="int", default=hub_client.MAX_API_BYTES),
+            max_listing_entries=dict(type="int", default=hub_client.MAX_LISTING_ENTRIES),
             lock=dict(type="raw"),
             revisions_keep=dict(type="int", default=revisions.KEEP_MIN),
             revisions_pinned=dict(type="list", elements="str", default=[]),
             transport=dict(type="str", choices=["http", "p2p"], default="http"),
             # the swarm (transport p2p): flat options, checked by options.check below
             p2p_torrent=dict(type="path"), p2p_infohash=dict(type="str"),
-            p2p_listen=dict(type="str"), p2p_port=dict(type="int", default=p2p.DEFAULT_PORT),
+            p2p_listen=dict(type="str"), p2p_port=dict(type="int", default=p2p_swarm.DEFAULT_PORT),
             p2p_peers=dict(type="list", elements="str", default=[]),
             p2p_web_seed=dict(type="bool", default=True), p2p_mirror_address=dict(type="str"),
             p2p_web_seed_delay=dict(type="float", default=0),
             p2p_upload_rate=dict(type="int", default=0),
             p2p_download_rate=dict(type="int", default=0),
             p2p_timeout=dict(type="float", default=3600),
-            p2p_seed=dict(type="str", choices=list(p2p.SEED_POLICIES),
-                          default="until_rollout_end"),
+            p2p_seed=dict(type="str", choices=list(p2p_plan.SEED_POLICIES),
+                               default="until_rollout_end"),
             p2p_seed_max=dict(type="float", default=86400),
             p2p_stop=dict(type="bool", default=False),
         ),
@@ -489,9 +493,9 @@ def main():
             "max_api_bytes": options.whole(1, 2 ** 40, "bytes"),
             "max_listing_entries": options.whole(1, 10 ** 8),
             "revisions_keep": options.whole(revisions.KEEP_MIN, revisions.KEEP_MAX),
-            "p2p_port": p2p.port_option,
-            "p2p_upload_rate": options.whole(0, p2p.MAX_RATE, "bytes per second"),
-            "p2p_download_rate": options.whole(0, p2p.MAX_RATE, "bytes per second"),
+            "p2p_port": p2p_plan.port_option,
+            "p2p_upload_rate": options.whole(0, p2p_plan.MAX_RATE, "bytes per second"),
+            "p2p_download_rate": options.whole(0, p2p_plan.MAX_RATE, "bytes per second"),
             "p2p_timeout": options.number(above=0, high=options.YEAR, unit="seconds"),
             "p2p_web_seed_delay": options.number(0, 86400, unit="seconds"),
             "p2p_seed_max": options.number(above=0, high=options.YEAR, unit="seconds"),
@@ -521,7 +525,7 @@ def main():
         if opts.get("stop"):
             _stop(module, store)
         try:
-            job = p2p.peer_job(opts, p["repo_id"], endpoint)
+            job = p2p_plan.peer_job(opts, p["repo_id"], endpoint)
             if not module.check_mode and not job["torrent"]:
                 raise p2p.P2PError("p2p_torrent is required to fetch (the site mirror's "
                                    "torrent of the model, copied to the host).")
@@ -553,8 +557,8 @@ def main():
             max_workers=p["max_workers"], check_mode=module.check_mode, lock=lock,
             **({"runner": runner} if runner else {}))
         if job is not None:
-            result["p2p"], seeded = p2p.report(result, job, runner, store, p["p2p_seed"],
-                                               module.check_mode)
+            result["p2p"], seeded = p2p_seeder.report(result, job, runner, store, p["p2p_seed"],
+                                                      module.check_mode)
             result["changed"] = bool(result["changed"] or seeded)
     except HubError as exc:
         partial = getattr(exc, "result", {})
@@ -573,12 +577,12 @@ def main():
 
 def _stop(module, store):
     """p2p_stop: end the model's seeder; changed when one was running."""
-    state = p2p.seeder_state(store)
+    state = p2p_seeder.seeder_state(store)
     running = bool(state and state["running"])
     if module.check_mode:
         module.exit_json(changed=running, p2p={"stopped": state if running else None})
     try:
-        stopped = p2p.stop_seeder(store)
+        stopped = p2p_seeder.stop_seeder(store)
     except (p2p.P2PError, OSError) as exc:
         module.fail_json(msg=f"p2p: {exc}")
     module.exit_json(changed=stopped is not None, p2p={"stopped": stopped})

@@ -123,7 +123,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import hub
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import model_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import PUBLIC_ENDPOINT, HubClient, HubError
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub import HubError
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.hub_client import PUBLIC_ENDPOINT, HubClient
 
 
 def main():

@@ -229,10 +229,11 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, open_url
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options, prometheus_text
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.bench import (
-    PREEMPTION_METRIC, PRESETS, BenchError, GpuSampler, bench_env, bench_plan,
-    bench_serve_command, failed_point, goodput_flags, instance_from_inspect, is_loopback,
-    percentile_flags, point_from_result, preemptions_from_metrics, split_target,
-    summarise_gpu_samples)
+    PRESETS, BenchError, bench_env, bench_plan, bench_serve_command, goodput_flags,
+    instance_from_inspect, is_loopback, percentile_flags, split_target)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.bench_gpu import GpuSampler, summarise_gpu_samples
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.bench_results import (
+    PREEMPTION_METRIC, failed_point, point_from_result, preemptions_from_metrics)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.bounded import BoundError, join_capped, open_capped
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.serve import LABEL_PREFIX, remove_container
 

@@ -49,7 +49,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 from bench_fetch import COMMIT, REPO, make_model, publish  # noqa: E402  (one model maker)
-from gpufleet import hub_mirror, p2p  # noqa: E402
+from gpufleet import hub_mirror, p2p_swarm  # noqa: E402
 from hfstub.nginxlab import Nginx, free_port  # noqa: E402
 
 PEER = ROOT / "tests/hfstub/p2ppeer.py"
@@ -112,7 +112,7 @@ def run_p2p(work, n, torrent, model, web_seed, fallback):
                "commit": model["commit"], "repo_id": REPO, "listen": addr(i),
                "port": ports[h], "allow": allow, "web_seed": web_seed,
                # the policy as model_fetch applies it (inventory order)
-               "web_seed_delay": p2p.web_seed_delay(h, hosts, p2p.WEB_SEED_HOSTS, fallback),
+               "web_seed_delay": p2p_swarm.web_seed_delay(h, hosts, p2p_swarm.WEB_SEED_HOSTS, fallback),
                "peers": [f"{addr(j)}:{ports[o]}" for j, o in enumerate(hosts) if o != h],
                "stop_file": str(stop), "timeout": TIMEOUT}
         (work / f"{h}.job.json").write_text(json.dumps(job))
@@ -155,8 +155,8 @@ def run_p2p(work, n, torrent, model, web_seed, fallback):
 def run_http(work, n, url):
     """n hosts at once, each gpufleet.hub.sync_repo from the mirror."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "plugins/module_utils"))
-    code = ("import sys; from gpufleet import hub; "
-            "r = hub.sync_repo(hub.HubClient(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4],"
+    code = ("import sys; from gpufleet import hub, hub_client; "
+            "r = hub.sync_repo(hub_client.HubClient(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4],"
             " max_workers=4); assert r['commit'] == sys.argv[3]")
     t0 = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-c", code, url, REPO, COMMIT,
@@ -176,7 +176,7 @@ def main():
     ap.add_argument("--mib", type=float, default=64, help="model size in MiB")
     ap.add_argument("--files", type=int, default=2, help="number of large files")
     ap.add_argument("--rate-mib", type=float, default=4, help="mirror uplink, MiB/s in all")
-    ap.add_argument("--fallback", type=float, default=p2p.WEB_SEED_FALLBACK,
+    ap.add_argument("--fallback", type=float, default=p2p_swarm.WEB_SEED_FALLBACK,
                     help="model_fetch_p2p_web_seed_fallback (seconds)")
     ap.add_argument("--modes", default="p2p,http")
     ap.add_argument("--keep", action="store_true")
@@ -211,7 +211,7 @@ def main():
                     before = nginx.egress()
                     if mode == "p2p":
                         wall, seeded = run_p2p(run_dir, n, torrent, model,
-                                               p2p.web_seed_url(url, REPO), args.fallback)
+                                               p2p_swarm.web_seed_url(url, REPO), args.fallback)
                     else:
                         wall, seeded = run_http(run_dir, n, url)
                     time.sleep(0.5)  # nginx logs a request when it ends
@@ -230,7 +230,7 @@ def main():
 
     base = {r["mode"]: r["wall"] for r in rows if r["n"] == min(sizes)}
     print(f"\nmodel {total} bytes; mirror uplink {rate} B/s ({args.rate_mib:g} MiB/s) in all; "
-          f"web-seed policy: {p2p.WEB_SEED_HOSTS} host from the start, the others after "
+          f"web-seed policy: {p2p_swarm.WEB_SEED_HOSTS} host from the start, the others after "
           f"{args.fallback:g} s without a peer's block\n")
     print(f"| N | mode | mirror egress (bytes) | egress / model | wall s | wall / N={min(sizes)} |")
     print("|---|---|---|---|---|---|")

@@ -29,7 +29,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-from gpufleet import hub, hub_mirror  # noqa: E402
+from gpufleet import hub, hub_client, hub_listing, hub_manifest, hub_mirror  # noqa: E402
 from hfstub.nginxlab import Nginx, free_port, render_site_conf  # noqa: E402
 from hfstub.venvs import tool_venv  # noqa: E402
 
@@ -46,7 +46,7 @@ def make_model(folder, gib, n_files):
     files = []
     for i in range(n_files):
         path = f"model-{i + 1:05d}-of-{n_files:05d}.safetensors"
-        f_hash = hub.RepoFile(path, size, "sha256", "").hasher()
+        f_hash = hub_listing.RepoFile(path, size, "sha256", "").hasher()
         with open(folder / path, "wb") as out:
             left = size
             while left:
@@ -55,15 +55,15 @@ def make_model(folder, gib, n_files):
                 out.write(chunk)
                 f_hash.update(chunk)
                 left -= len(chunk)
-        files.append(hub.RepoFile(path, size, "sha256", f_hash.hexdigest()))
+        files.append(hub_listing.RepoFile(path, size, "sha256", f_hash.hexdigest()))
     for name, data in (("config.json", b'{"model_type": "llama"}'),
                        ("tokenizer.json", b'{"version": "1.0"}' * 1000)):
         (folder / name).write_bytes(data)
-        h = hub.RepoFile(name, len(data), "sha1", "").hasher()
+        h = hub_listing.RepoFile(name, len(data), "sha1", "").hasher()
         h.update(data)
-        files.append(hub.RepoFile(name, len(data), "sha1", h.hexdigest()))
-    hub.write_manifest(str(folder), REPO, "main", COMMIT, "http://bench.invalid",
-                       hub.manifest_entries(str(folder), files))
+        files.append(hub_listing.RepoFile(name, len(data), "sha1", h.hexdigest()))
+    hub_manifest.write_manifest(str(folder), REPO, "main", COMMIT, "http://bench.invalid",
+                                hub_manifest.manifest_entries(str(folder), files))
     return files
 
 
@@ -120,8 +120,8 @@ def main():
                 subprocess.run(["sync"], check=True)
 
             def ours():
-                code = ("from gpufleet import hub; "
-                        "hub.sync_repo(hub.HubClient(%r), %r, 'main', %r, max_workers=%d)"
+                code = ("from gpufleet import hub, hub_client; "
+                        "hub.sync_repo(hub_client.HubClient(%r), %r, 'main', %r, max_workers=%d)"
                         % (url, REPO, str(dest), args.workers))
                 run([sys.executable, "-c", code],
                     env=dict(os.environ, PYTHONPATH=str(ROOT / "plugins/module_utils")))
@@ -155,7 +155,7 @@ def main():
             # hf_model's last fetch is in dest: re-run it both ways
             fresh()
             ours()
-            client = hub.HubClient(url)
+            client = hub_client.HubClient(url)
             t_manifest = statistics.median(
                 timed(lambda: hub.sync_repo(client, REPO, "main", str(dest), verify="manifest"))
                 for _ in range(3))

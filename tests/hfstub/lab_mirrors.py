@@ -30,7 +30,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
-from gpufleet import hub, hub_mirror  # noqa: E402
+from gpufleet import hub, hub_client, hub_mirror  # noqa: E402
 from hfstub.nginxlab import render_site_conf, wait_http, write_main_conf  # noqa: E402
 from hfstub.olahlab import git_lfs_repo, olah_config  # noqa: E402
 from hfstub.venvs import tool_venv  # noqa: E402
@@ -95,7 +95,7 @@ def start_site(models, olah_url, port):
     for folder in models:
         repo_id = "/".join(folder.parts[-2:])
         dest = STATE / "models" / repo_id
-        res = hub.sync_repo(hub.HubClient(olah_url), repo_id, "main", str(dest))
+        res = hub.sync_repo(hub_client.HubClient(olah_url), repo_id, "main", str(dest))
         print(f"  fetched       {repo_id}@{res['commit'][:12]} from olah "
               f"({res['bytes_downloaded']} bytes downloaded, "
               f"{'changed' if res['changed'] else 'unchanged'})")

@@ -12,16 +12,16 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-from gpufleet import hub_mirror, p2p  # noqa: E402
+from gpufleet import hub_mirror, p2p, p2p_torrent  # noqa: E402
 
 
 def main(argv):
     if argv[0] == "make":
-        data = p2p.make_torrent(hub_mirror.read_model_folder(argv[1]))
+        data = p2p_torrent.make_torrent(hub_mirror.read_model_folder(argv[1]))
         pathlib.Path(argv[2]).write_bytes(data)
-        print(json.dumps(p2p.torrent_facts(data)))
+        print(json.dumps(p2p_torrent.torrent_facts(data)))
     elif argv[0] == "facts":
-        print(json.dumps(p2p.torrent_facts(pathlib.Path(argv[1]).read_bytes())))
+        print(json.dumps(p2p_torrent.torrent_facts(pathlib.Path(argv[1]).read_bytes())))
     elif argv[0] == "peer":
         job = json.loads(pathlib.Path(argv[1]).read_text())
         result = p2p.run_peer(job, log=lambda line: print(line, flush=True))

@@ -31,7 +31,7 @@ import time
 
 import pytest
 
-from gpufleet import hub, hub_mirror
+from gpufleet import hub, hub_client, hub_mirror
 from hfstub.badpeer import PSTR, BadPeer  # noqa: E402
 from hfstub.nginxlab import Nginx, free_port, render_site_conf  # noqa: E402
 from hfstub.server import HubStub, Repo  # noqa: E402
@@ -158,7 +158,7 @@ def swarm(tmp_path_factory):
     started = time.monotonic()
     mirror_folder = tmp / "mirror" / "tiny-p2p"
     with HubStub([Repo(REPO, _files())]) as s:
-        hub.sync_repo(hub.HubClient(s.url), REPO, "main", str(mirror_folder))
+        hub.sync_repo(hub_client.HubClient(s.url), REPO, "main", str(mirror_folder))
     model = hub_mirror.read_model_folder(str(mirror_folder))
     site = tmp / "site"
     hub_mirror.build_site(str(site), [{"path": str(mirror_folder)}])

@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from gpufleet import hub, hub_mirror, p2p
+from gpufleet import hub, hub_client, hub_mirror, p2p, p2p_seeder, p2p_torrent
 from helpers import run_playbook
 from hfstub.badpeer import BadPeer
 from hfstub.nginxlab import Nginx, free_port, render_site_conf
@@ -132,7 +132,7 @@ def fleet(tmp_path_factory):
     started = time.monotonic()
     folder = tmp / "mirror" / "tiny-p2p"
     with HubStub([Repo(REPO, _files())]) as s:
-        hub.sync_repo(hub.HubClient(s.url), REPO, "main", str(folder))
+        hub.sync_repo(hub_client.HubClient(s.url), REPO, "main", str(folder))
     model = hub_mirror.read_model_folder(str(folder))
     for name, text in PLAYS.items():
         (tmp / name).write_text(text)
@@ -174,7 +174,7 @@ def fleet(tmp_path_factory):
         try:
             play("fetch", "fetch.yml", fetchers="h1:h2")
             out["seeders_after_fetch"] = {
-                h: p2p.seeder_state(str(tmp / "hosts" / h / "lab/.gpufleet-revisions/tiny-p2p"))
+                h: p2p_seeder.seeder_state(str(tmp / "hosts" / h / "lab/.gpufleet-revisions/tiny-p2p"))
                 for h in ("h1", "h2")}
             out["resolve_before_late"] = _resolve_requests(access)
             play("check", "fetch.yml", check=True, fetchers="late", _host="late")
@@ -191,7 +191,7 @@ def fleet(tmp_path_factory):
         finally:
             for h in HOSTS:  # no seeder outlives the test, whatever failed
                 store = tmp / "hosts" / h / "lab/.gpufleet-revisions/tiny-p2p"
-                state = p2p.seeder_state(str(store))
+                state = p2p_seeder.seeder_state(str(store))
                 if state and state["running"]:
                     os.kill(state["pid"], 9)
     out["seconds"] = round(time.monotonic() - started, 1)
@@ -209,7 +209,7 @@ def test_mirror_made_the_torrent_of_its_verified_folder(fleet):
     facts = json.loads((fleet["tmp"] / "torrents" / "lab--tiny-p2p.json").read_text())
     data = (fleet["tmp"] / "torrents" / "lab--tiny-p2p.torrent").read_bytes()
     assert facts["commit"] == fleet["model"]["commit"]
-    assert p2p.infohashes(data)[0] == facts["infohash"]
+    assert p2p_torrent.infohashes(data)[0] == facts["infohash"]
 
 
 def test_hosts_report_bytes_by_source_and_keep_seeding(fleet):
@@ -274,11 +274,11 @@ def test_p2p_stop_ends_every_seeder(fleet):
     assert fleet["runs"]["stop_again"]["changed"] == 0
     for h in ("h1", "h2", "late"):
         store = fleet["tmp"] / "hosts" / h / "lab/.gpufleet-revisions/tiny-p2p"
-        assert p2p.seeder_state(str(store)) is None, h
+        assert p2p_seeder.seeder_state(str(store)) is None, h
     # the stopped seeder's partial area (p2p.cleanup) is gone; the model stays
     h1 = fleet["tmp"] / "hosts" / "h1" / "lab/tiny-p2p"
     assert not (h1 / ".gpufleet" / p2p.P2P_DIR).exists()
     _check_folder(h1, fleet["model"])
     pid = fleet["seeders_after_fetch"]["h1"]["pid"]
     assert not pathlib.Path(f"/proc/{pid}").exists() or \
-        p2p._proc_start(pid) != fleet["seeders_after_fetch"]["h1"]["start"]
+        p2p_seeder._proc_start(pid) != fleet["seeders_after_fetch"]["h1"]["start"]

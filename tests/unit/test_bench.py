@@ -16,6 +16,7 @@ import pytest
 
 from conftest import FIXTURES
 from gpufleet import bench as b
+from gpufleet import bench_analysis, bench_results
 
 FIXTURE = FIXTURES / "bench" / "serve-c8-1000x512.json"
 C = [1, 2, 4, 8, 16, 32, 64]
@@ -44,11 +45,11 @@ def result(c, out_tput, output_len=512, input_len=1000, p99_ttft=100.0, p99_e2el
 
 def rows(curve, **kw):
     """Rows for C, output throughput from curve(c)."""
-    return [b.point_from_result(result(c, curve(c), **kw)) for c in C]
+    return [bench_results.point_from_result(result(c, curve(c), **kw)) for c in C]
 
 
 def one(points, **kw):
-    groups = b.analyse(points, **kw)
+    groups = bench_analysis.analyse(points, **kw)
     assert len(groups) == 1
     return groups[0]
 
@@ -64,7 +65,7 @@ def saturating(at):
 
 def test_the_fixture_has_every_key_the_parser_requires_and_vllms_own_top_level_keys():
     data = json.loads(FIXTURE.read_text())
-    assert set(b.REQUIRED_KEYS) <= set(data)
+    assert set(bench_results.REQUIRED_KEYS) <= set(data)
     # main_async()'s setup keys and the lists --save-detailed would keep are as vLLM leaves them
     for key in ("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id",
                 "num_prompts", "burstiness", "latencies", "queue_times", "rtfx"):
@@ -74,8 +75,8 @@ def test_the_fixture_has_every_key_the_parser_requires_and_vllms_own_top_level_k
 
 
 def test_point_from_the_fixture_file():
-    row = b.point_from_result(FIXTURE)
-    assert set(row) == set(b.ROW_FIELDS)
+    row = bench_results.point_from_result(FIXTURE)
+    assert set(row) == set(bench_results.ROW_FIELDS)
     assert (row["instance"], row["input_len"], row["output_len"], row["concurrency"]) == \
         ("gpu01-vllm0", 1000, 512, 8)
     assert row["status"] == "ok" and row["error"] is None and row["source"] == str(FIXTURE)
@@ -90,19 +91,19 @@ def test_point_from_the_fixture_file():
 
 
 def test_the_fixture_alone_has_no_knee_and_no_cliff():
-    group = one([b.point_from_result(FIXTURE)])
+    group = one([bench_results.point_from_result(FIXTURE)])
     assert group["knee"] is None and "only 1 measured point" in group["why_no_knee"]
     assert group["cliff"] is None and group["why_no_cliff"].startswith("no cliff")
 
 
-@pytest.mark.parametrize("key", b.REQUIRED_KEYS)
+@pytest.mark.parametrize("key", bench_results.REQUIRED_KEYS)
 def test_a_missing_required_key_is_named_with_the_file(tmp_path, key):
     data = json.loads(FIXTURE.read_text())
     del data[key]
     path = tmp_path / "r.json"
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError) as err:
-        b.point_from_result(path)
+        bench_results.point_from_result(path)
     assert str(path) in str(err.value) and repr(key) in str(err.value)
 
 
@@ -112,13 +113,13 @@ def test_default_percentiles_are_refused_with_the_flags_to_add(tmp_path):
     for key in [k for k in data if k.startswith(("p50_", "p90_")) or "_e2el_" in k]:
         del data[key]
     with pytest.raises(ValueError, match="--percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99"):
-        b.point_from_result(data)
+        bench_results.point_from_result(data)
 
 
 def test_unknown_top_level_keys_are_metadata_and_ignored():
     data = json.loads(FIXTURE.read_text())
     data["tp"] = "2"  # --metadata tp=2
-    assert b.point_from_result(data)["concurrency"] == 8
+    assert bench_results.point_from_result(data)["concurrency"] == 8
 
 
 @pytest.mark.parametrize("change, message", [
@@ -132,7 +133,7 @@ def test_bad_values_are_refused(change, message):
     data = json.loads(FIXTURE.read_text())
     data.update(change)
     with pytest.raises(ValueError, match=message):
-        b.point_from_result(data, source="run-7.json")
+        bench_results.point_from_result(data, source="run-7.json")
 
 
 def test_lengths_come_from_the_caller_or_metadata_and_must_agree():
@@ -140,28 +141,28 @@ def test_lengths_come_from_the_caller_or_metadata_and_must_agree():
     for key in ("input_len", "output_len", "instance"):
         del data[key]
     with pytest.raises(ValueError, match="input_len is None"):
-        b.point_from_result(data)
-    row = b.point_from_result(data, instance="h1", input_len=1000, output_len=512)
+        bench_results.point_from_result(data)
+    row = bench_results.point_from_result(data, instance="h1", input_len=1000, output_len=512)
     assert (row["instance"], row["input_len"], row["output_len"]) == ("h1", 1000, 512)
     with pytest.raises(ValueError, match="'input_len' is '1000' but 2000 was passed"):
-        b.point_from_result(json.loads(FIXTURE.read_text()), input_len=2000)
+        bench_results.point_from_result(json.loads(FIXTURE.read_text()), input_len=2000)
 
 
 def test_files_that_are_not_one_result_are_refused(tmp_path):
     appended = tmp_path / "appended.json"
     appended.write_text(FIXTURE.read_text() + "\n" + FIXTURE.read_text())
     with pytest.raises(ValueError, match="--append-result") as err:
-        b.load_result(appended)
+        bench_results.load_result(appended)
     assert str(appended) in str(err.value)
     array = tmp_path / "array.json"
     array.write_text("[]")
     with pytest.raises(ValueError, match="holds a JSON list"):
-        b.load_result(array)
+        bench_results.load_result(array)
     with pytest.raises(ValueError, match="cannot be read"):
-        b.load_result(tmp_path / "absent.json")
+        bench_results.load_result(tmp_path / "absent.json")
     copy = tmp_path / "copy.json"
     shutil.copy(FIXTURE, copy)
-    assert b.load_result(copy) == json.loads(FIXTURE.read_text())
+    assert bench_results.load_result(copy) == json.loads(FIXTURE.read_text())
 
 
 # ---------------------------------------------------------------------------
@@ -205,8 +206,8 @@ def test_no_knee_below_three_measured_points():
 
 
 def test_three_points_with_a_sharp_bend_have_a_knee_a_mild_one_none():
-    sharp = [b.point_from_result(result(c, t)) for c, t in ((1, 100.0), (2, 200.0), (4, 200.0))]
-    mild = [b.point_from_result(result(c, t)) for c, t in ((1, 100.0), (2, 180.0), (4, 200.0))]
+    sharp = [bench_results.point_from_result(result(c, t)) for c, t in ((1, 100.0), (2, 200.0), (4, 200.0))]
+    mild = [bench_results.point_from_result(result(c, t)) for c, t in ((1, 100.0), (2, 180.0), (4, 200.0))]
     assert one(sharp)["knee"]["concurrency"] == 2
     assert one(mild)["knee"] is None
 
@@ -223,12 +224,12 @@ def test_saturation_alone_is_not_a_cliff():
     # p99 E2E doubles per doubling past the knee: explained 2x, so even p99_jump 1.5 holds
     assert one(rows(saturating(8)), p99_jump=1.5)["cliff"] is None
     # steps of 4x concurrency past the knee: p99 E2E grows 4x, explained 4x
-    sparse = [b.point_from_result(result(c, saturating(4)(c))) for c in (1, 4, 16, 64)]
+    sparse = [bench_results.point_from_result(result(c, saturating(4)(c))) for c in (1, 4, 16, 64)]
     assert one(sparse)["cliff"] is None
 
 
 def test_failed_requests_at_32():
-    points = [b.point_from_result(result(c, saturating(8)(c), failed=3 if c >= 32 else 0))
+    points = [bench_results.point_from_result(result(c, saturating(8)(c), failed=3 if c >= 32 else 0))
               for c in C]
     group = one(points)
     assert group["cliff"]["concurrency"] == 32 and group["cliff"]["rule"] == "failed_requests"
@@ -243,7 +244,7 @@ def test_a_p99_jump_at_16_is_a_finding_and_the_errors_at_32_the_cliff():
     def point(c, failing=True):
         tput = saturating(8)(c)
         little = 1000.0 * c / (tput / 512)  # ms
-        return b.point_from_result(result(c, tput, failed=3 if failing and c >= 32 else 0,
+        return bench_results.point_from_result(result(c, tput, failed=3 if failing and c >= 32 else 0,
                                           p99_e2el=little * (1.1 if c < 16 else 5.0)))
     group = one([point(c) for c in C])
     assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (32, "failed_requests")
@@ -257,7 +258,7 @@ def test_a_p99_jump_at_16_is_a_finding_and_the_errors_at_32_the_cliff():
 def test_p99_jump_rule_bound_is_exact():
     """Linear scaling: explained growth 1, so p99 TTFT may double (p99_jump 2.0) but not more."""
     def group(factor):
-        points = [b.point_from_result(result(c, 100.0 * c, p99_ttft=100.0 * (factor if c == 16 else 1.0)))
+        points = [bench_results.point_from_result(result(c, 100.0 * c, p99_ttft=100.0 * (factor if c == 16 else 1.0)))
                   for c in C]
         return one(points)
     assert group(2.0)["findings"] == []
@@ -265,7 +266,7 @@ def test_p99_jump_rule_bound_is_exact():
     assert (step["concurrency"], step["rule"]) == (16, "p99_ttft_jump")
     assert "more than 2 x the 1.00x" in step["detail"]
     assert group(2.01)["cliff"] is None  # throughput still scales: a finding, not a cliff
-    assert one([b.point_from_result(result(c, 100.0 * c, p99_ttft=100.0 * (2.01 if c == 16 else 1.0)))
+    assert one([bench_results.point_from_result(result(c, 100.0 * c, p99_ttft=100.0 * (2.01 if c == 16 else 1.0)))
                 for c in C], p99_jump=3.0)["findings"] == []
 
 
@@ -286,7 +287,7 @@ def test_throughput_falling_is_a_cliff_and_the_knee_is_below_it():
 
 def preempting(counts):
     """Rows of the saturating(8) curve with vllm_bench's preemption counts per level."""
-    return [dict(b.point_from_result(result(c, saturating(8)(c))), preemptions=n)
+    return [dict(bench_results.point_from_result(result(c, saturating(8)(c))), preemptions=n)
             for c, n in zip(C, counts)]
 
 
@@ -317,7 +318,7 @@ def test_a_failed_point_is_a_cliff():
 
 
 def test_all_points_failed():
-    points = [b.failed_point(c, 32, 16, "connection refused", instance="lab") for c in (1, 2)]
+    points = [bench_results.failed_point(c, 32, 16, "connection refused", instance="lab") for c in (1, 2)]
     group = one(points)
     assert group["knee"] is None and "only 0 measured point" in group["why_no_knee"]
     assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (1, "point_failed")
@@ -329,27 +330,27 @@ def test_achieved_rate_below_offered_is_a_note_not_the_cliff():
     service stops delivering (none here: throughput rises and nothing fails)."""
     data = result(8, 800.0)
     data["request_throughput"] *= 0.6
-    row = b.point_from_result(data)
+    row = bench_results.point_from_result(data)
     group = one(rows(lambda c: 100.0 * c)[:3] + [row])
     note = next(f for f in group["findings"] if f["rule"] == "rate_below_offered")
     assert note["concurrency"] == 8 and "60% of the" in note["detail"]
     assert "a note, not a cliff" in note["detail"]
     assert group["cliff"] is None and "rate_below_offered at 8" in group["why_no_cliff"]
     # open loop: offered is the configured rate (capped by the closed-loop one)
-    slow = b.point_from_result(result(8, 800.0, request_rate=1.0))
+    slow = bench_results.point_from_result(result(8, 800.0, request_rate=1.0))
     assert slow["offered_request_rate"] == 1.0
     assert one([slow])["findings"] == []  # 800/512 = 1.56 req/s >= 1.0 offered
 
 
 def test_goodput_below_offered_is_a_note():
     tput = 800.0
-    group = one([b.point_from_result(result(8, tput, goodput=0.5 * tput / 512))])
+    group = one([bench_results.point_from_result(result(8, tput, goodput=0.5 * tput / 512))])
     assert [f["rule"] for f in group["findings"]] == ["goodput_below_offered"]
     assert group["cliff"] is None
 
 
 def test_a_synthetic_single_point_has_neither():
-    group = one([b.point_from_result(result(4, 400.0))])
+    group = one([bench_results.point_from_result(result(4, 400.0))])
     assert group["knee"] is None and group["cliff"] is None
 
 
@@ -360,7 +361,7 @@ def test_a_synthetic_single_point_has_neither():
 def test_groups_by_instance_and_pair():
     points = rows(saturating(8), instance="b") + rows(lambda c: 100.0 * c, instance="a") + \
         rows(saturating(4), instance="a", input_len=50, output_len=20)
-    groups = b.analyse(points)
+    groups = bench_analysis.analyse(points)
     assert [(g["instance"], g["input_len"], g["output_len"]) for g in groups] == \
         [("a", 50, 20), ("a", 1000, 512), ("b", 1000, 512)]
     assert [g["knee"] and g["knee"]["concurrency"] for g in groups] == [4, None, 8]
@@ -369,28 +370,28 @@ def test_groups_by_instance_and_pair():
 
 def test_analyse_refuses_bad_points():
     with pytest.raises(ValueError, match="two results for instance i0, pair \\(1000, 512\\) at concurrency 4"):
-        b.analyse(rows(saturating(8)) + [b.point_from_result(result(4, 400.0))])
+        bench_analysis.analyse(rows(saturating(8)) + [bench_results.point_from_result(result(4, 400.0))])
     with pytest.raises(ValueError, match="has an error and metrics"):
-        b.analyse([dict(b.point_from_result(result(4, 400.0)), error="timed out")])
+        bench_analysis.analyse([dict(bench_results.point_from_result(result(4, 400.0)), error="timed out")])
     with pytest.raises(ValueError, match="neither a row"):
-        b.analyse([{"concurrency": 4}])
+        bench_analysis.analyse([{"concurrency": 4}])
     with pytest.raises(ValueError, match="p99_jump"):
-        b.analyse([], p99_jump=0.5)
+        bench_analysis.analyse([], p99_jump=0.5)
     with pytest.raises(ValueError, match="a failed point needs an error"):
-        b.failed_point(4, 32, 16, "")
+        bench_results.failed_point(4, 32, 16, "")
 
 
 def test_rows_to_csv_round_trip():
-    group = one(rows(saturating(8))[:3] + [b.failed_point(8, 1000, 512, "timed out", instance="i0")])
-    text = b.rows_to_csv(group["rows"])
+    group = one(rows(saturating(8))[:3] + [bench_results.failed_point(8, 1000, 512, "timed out", instance="i0")])
+    text = bench_analysis.rows_to_csv(group["rows"])
     read = list(csv.DictReader(io.StringIO(text)))
-    assert list(read[0]) == list(b.ROW_FIELDS) and len(read) == 4
+    assert list(read[0]) == list(bench_results.ROW_FIELDS) and len(read) == 4
     assert [r["concurrency"] for r in read] == ["1", "2", "4", "8"]
     assert float(read[2]["output_throughput"]) == pytest.approx(saturating(8)(4))
     assert read[3]["status"] == "failed" and read[3]["error"] == "timed out"
     assert read[3]["p99_ttft_ms"] == "" and read[0]["request_goodput"] == ""
     with pytest.raises(ValueError, match="not ROW_FIELDS"):
-        b.rows_to_csv([{"concurrency": 1, "colour": "red"}])
+        bench_analysis.rows_to_csv([{"concurrency": 1, "colour": "red"}])
 
 
 # ---------------------------------------------------------------------------
@@ -437,7 +438,7 @@ def test_lab_preset_fits_a_1k_model():
 def test_lab_preset_shows_the_recorded_knee():
     """The lab preset's levels, taken from the recorded 7-level lab curve, keep its knee:
     enough levels for kneed, and the bend at the same concurrency (16)."""
-    rows = [b.point_from_result(p) for p in LAB_KNEE.glob("*.json")]
+    rows = [bench_results.point_from_result(p) for p in LAB_KNEE.glob("*.json")]
     subset = [r for r in rows if r["concurrency"] in b.LAB_CONCURRENCY]
     assert len(subset) == len(b.LAB_CONCURRENCY) >= 3
     assert one(subset)["knee"]["concurrency"] == one(rows)["knee"]["concurrency"] == 16
@@ -499,7 +500,7 @@ def _little_cliffs(raws, p99_jump=2.0):
                          ids=lambda p: f"{p.parents[1].name}/{p.parent.name}/{p.name}")
 def test_recorded_lab_point_reads_as_vllm_wrote_it(path):
     raw = json.loads(path.read_text())
-    row = b.point_from_result(path)
+    row = bench_results.point_from_result(path)
     c, inp, out = (int(x[1:]) for x in path.stem.replace("in", "i").replace("out", "o").split("-"))
     assert (row["concurrency"], row["input_len"], row["output_len"]) == (c, inp, out)
     assert row["instance"] == raw["instance"] and row["instance"].startswith("lab-")
@@ -512,8 +513,8 @@ def test_recorded_lab_point_reads_as_vllm_wrote_it(path):
 def test_recorded_lab_preset_two_points_per_pair_have_no_knee():
     """The lab preset (c = 1, 2 by (32, 16) and (64, 16), both chat instances) as the CI
     test runs it: 4 groups of 2 points, too few for kneed; the latency steps are the p99 rule's."""
-    rows = [b.point_from_result(p) for p in lab_files("preset")]
-    groups = b.analyse(rows)
+    rows = [bench_results.point_from_result(p) for p in lab_files("preset")]
+    groups = bench_analysis.analyse(rows)
     assert sorted((g["instance"], g["input_len"]) for g in groups) == [
         (i, n) for i in ("lab-a10g:18200", "lab-h200:18000") for n in (32, 64)]
     for g in groups:
@@ -533,7 +534,7 @@ def test_recorded_lab_curve_lab_h200_c1_to_16():
     raws, cs, tput = _raw_curve(lab_files("curve"))
     assert cs == [1, 2, 4, 8, 16] and tput == sorted(tput)
     assert KneeLocator(cs, tput, curve="concave", direction="increasing").knee is None
-    group = one([b.point_from_result(p) for p in lab_files("curve")])
+    group = one([bench_results.point_from_result(p) for p in lab_files("curve")])
     assert group["knee"] is None and "on 5 points found none" in group["why_no_knee"]
     expected = _little_cliffs(raws)
     assert expected, "the recorded curve has a p99 jump (the control of this test)"
@@ -553,7 +554,7 @@ def test_recorded_lab_curve_lab_h200_c1_to_64_has_its_knee_at_16():
     assert cs == [1, 2, 4, 8, 16, 32, 64] and tput == sorted(tput)
     knee = KneeLocator(cs, tput, curve="concave", direction="increasing").knee
     assert knee == 16
-    group = one([b.point_from_result(p) for p in LAB_KNEE.glob("*.json")])
+    group = one([bench_results.point_from_result(p) for p in LAB_KNEE.glob("*.json")])
     assert group["knee"]["concurrency"] == knee and group["knee"]["rule"] == "kneed_concave_increasing"
     assert "69.7 tok/s there, 80.4 tok/s at concurrency 64" in group["knee"]["detail"]
     expected = _little_cliffs(raws)
@@ -578,7 +579,7 @@ def test_lab_curve_on_an_idle_machine_has_its_knee_at_16_and_no_cliff():
     assert cs == [1, 2, 4, 8, 16, 32, 64] and tput == sorted(tput)
     assert sum(r["failed"] for r in raws) == 0
     assert KneeLocator(cs, tput, curve="concave", direction="increasing").knee == 16
-    group = one([b.point_from_result(p) for p in LAB_IDLE.glob("*.json")])
+    group = one([bench_results.point_from_result(p) for p in LAB_IDLE.glob("*.json")])
     assert group["knee"]["concurrency"] == 16
     assert "171 tok/s there, 211 tok/s at concurrency 64" in group["knee"]["detail"]
     assert group["cliff"] is None and group["findings"] == []
@@ -589,11 +590,11 @@ def _all_recorded_groups():
     """Every recorded curve: the 2026-12-02 preset (4 groups of 2 points) and 5-point
     curve, the 2026-12-07 and 2026-12-03 7-point curves, and the curve of issue #34 item
     7's report (tests/fixtures/bench/SOURCES.md)."""
-    return (b.analyse([b.point_from_result(p) for p in lab_files("preset")])
-            + b.analyse([b.point_from_result(p) for p in lab_files("curve")])
-            + b.analyse([b.point_from_result(p) for p in LAB_IDLE.glob("*.json")])
-            + b.analyse([b.point_from_result(p) for p in LAB_KNEE.glob("*.json")])
-            + b.analyse([b.point_from_result(p) for p in REPORTED.glob("*.json")]))
+    return (bench_analysis.analyse([bench_results.point_from_result(p) for p in lab_files("preset")])
+            + bench_analysis.analyse([bench_results.point_from_result(p) for p in lab_files("curve")])
+            + bench_analysis.analyse([bench_results.point_from_result(p) for p in LAB_IDLE.glob("*.json")])
+            + bench_analysis.analyse([bench_results.point_from_result(p) for p in LAB_KNEE.glob("*.json")])
+            + bench_analysis.analyse([bench_results.point_from_result(p) for p in REPORTED.glob("*.json")]))
 
 
 def _stops_delivering(group, c):
@@ -641,16 +642,16 @@ def _synthetic_groups():
     def failing(c):
         tput = saturating(8)(c)
         little = 1000.0 * c / (tput / 512)
-        return b.point_from_result(result(c, tput, failed=3 if c >= 32 else 0,
+        return bench_results.point_from_result(result(c, tput, failed=3 if c >= 32 else 0,
                                           p99_e2el=little * (1.1 if c < 16 else 5.0)))
     return [one(rows(f)) for f in (saturating(8), lambda c: 100.0 * c, lambda c: {
         1: 100.0, 2: 190.0, 4: 340.0, 8: 520.0, 16: 600.0, 32: 480.0, 64: 300.0}[c])] + [
         one([failing(c) for c in C]),
         # 30% of the requests miss the latency objectives at every level; goodput rises
-        one([b.point_from_result(result(c, saturating(8)(c), goodput=0.7 * saturating(8)(c) / 512))
+        one([bench_results.point_from_result(result(c, saturating(8)(c), goodput=0.7 * saturating(8)(c) / 512))
              for c in C]),
         # goodput halves at 32 while throughput still rises
-        one([b.point_from_result(result(c, saturating(8)(c), goodput=(0.5 if c >= 32 else 1.0)
+        one([bench_results.point_from_result(result(c, saturating(8)(c), goodput=(0.5 if c >= 32 else 1.0)
                                         * saturating(8)(c) / 512)) for c in C]),
         # vLLM starts preempting at 32 while throughput still rises
         one(preempting([0, 0, 0, 0, 0, 6, 40]))]
@@ -730,7 +731,7 @@ def test_goodput_falling_is_the_cliff_goodput_missing_objectives_while_rising_is
         data = result(c, saturating(8)(c))
         if goodput:
             data["request_goodput"] = data["request_throughput"] * (0.5 if c >= 32 else 1.0)
-        return b.point_from_result(data)
+        return bench_results.point_from_result(data)
     group = one([point(c) for c in C])
     assert (group["cliff"]["concurrency"], group["cliff"]["rule"]) == (32, "goodput_falls")
     best16 = saturating(8)(16) / 512
@@ -739,7 +740,7 @@ def test_goodput_falling_is_the_cliff_goodput_missing_objectives_while_rising_is
             f"of concurrency 16") in group["cliff"]["detail"]
     assert group["knee"] and group["knee"]["concurrency"] < 32
     assert one([point(c, False) for c in C])["cliff"] is None
-    missing = one([b.point_from_result(result(c, saturating(8)(c),
+    missing = one([bench_results.point_from_result(result(c, saturating(8)(c),
                                               goodput=0.7 * saturating(8)(c) / 512)) for c in C])
     assert missing["cliff"] is None and missing["knee"]["concurrency"] == 8
     assert {f["rule"] for f in missing["findings"]} == {"goodput_below_offered"}

@@ -15,6 +15,7 @@ import pytest
 import vllm_bench_report
 from conftest import FIXTURES
 from gpufleet import bench as b
+from gpufleet import bench_analysis, bench_gpu, bench_results
 from gpufleet import bench_report as r
 from helpers import run_module
 
@@ -38,7 +39,7 @@ def result(instance, c, tput, input_len, output_len=512, p99_ttft=100.0):
 def ok_point(instance, host, c, tput, input_len, **kw):
     data = result(instance, c, tput, input_len, **kw)
     return {"instance": instance, "host": host, "status": "ok", "result": data,
-            "row": b.point_from_result(data), "error": None, "log_tail": "",
+            "row": bench_results.point_from_result(data), "error": None, "log_tail": "",
             "gpu": {"sampled": True, "source": "nvml", "reason": None,
                     "devices": [{"index": 0, "samples": 5, "util_mean": 50.0, "util_max": 90.0,
                                  "mem_util_mean": 35.0, "mem_util_max": 61.0,
@@ -48,8 +49,8 @@ def ok_point(instance, host, c, tput, input_len, **kw):
 
 def failed(instance, host, c, input_len, error):
     return {"instance": instance, "host": host, "status": "failed", "error": error,
-            "row": b.failed_point(c, input_len, 512, error, instance), "log_tail": "Traceback...",
-            "gpu": b.summarise_gpu_samples([], None, None), "command": ["bench", "serve"]}
+            "row": bench_results.failed_point(c, input_len, 512, error, instance), "log_tail": "Traceback...",
+            "gpu": bench_gpu.summarise_gpu_samples([], None, None), "command": ["bench", "serve"]}
 
 
 def run_points():
@@ -66,7 +67,7 @@ def run_points():
     points.append(failed("h1:8000", "h1", 32, 3584, "timed out after 600 s (the point's time limit)"))
     for c in (1, 2):
         p = ok_point("h2:8000", "h2", c, 40.0 * c, 32, output_len=16)
-        p["gpu"] = b.summarise_gpu_samples([], None, None)
+        p["gpu"] = bench_gpu.summarise_gpu_samples([], None, None)
         points.append(p)
     return points
 
@@ -111,7 +112,7 @@ def test_files_are_all_there(report):
 def test_csv_rows(report):
     rows = list(csv.DictReader(io.StringIO(report["files"]["h1_8000.csv"].decode())))
     assert len(rows) == 2 * len(C)
-    assert list(rows[0]) == list(b.ROW_FIELDS)
+    assert list(rows[0]) == list(bench_results.ROW_FIELDS)
     statuses = {(row["input_len"], row["concurrency"]): row["status"] for row in rows}
     assert statuses[("3584", "32")] == "failed"
     assert sum(s == "ok" for s in statuses.values()) == 2 * len(C) - 1
@@ -226,7 +227,7 @@ def test_an_axis_with_one_measured_value_says_so_instead_of_a_curve(monkeypatch)
     """#34 item 7: the lab's run (one pair, (32, 16)) has one input length: the latency-vs-
     input plot says so and draws no one-point lines; the concurrency plots, with 3 levels,
     draw their curves. Control: with two input lengths the input plot draws its lines."""
-    one_pair = b.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, 32)["row"] for c in (1, 2, 4)])
+    one_pair = bench_analysis.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, 32)["row"] for c in (1, 2, 4)])
     figs = _figures(monkeypatch, one_pair)
     by_input = figs["h1_8000-latency-vs-input.png"]
     assert all(not ax.lines for ax in by_input.axes)
@@ -235,7 +236,7 @@ def test_an_axis_with_one_measured_value_says_so_instead_of_a_curve(monkeypatch)
     assert all(len(ax.get_xticks()) == 0 and len(ax.get_yticks()) == 0 for ax in by_input.axes)
     assert all(ax.lines for ax in figs["h1_8000-latency-vs-concurrency.png"].axes)
     assert not _texts(figs["h1_8000-throughput.png"])
-    two_pairs = b.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, n)["row"] for c in (1, 2, 4) for n in (32, 64)])
+    two_pairs = bench_analysis.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, n)["row"] for c in (1, 2, 4) for n in (32, 64)])
     control = _figures(monkeypatch, two_pairs)["h1_8000-latency-vs-input.png"]
     assert all(ax.lines for ax in control.axes) and not _texts(control)
 
@@ -253,8 +254,8 @@ def test_summary_and_matrix_line_list_what_ran_with_the_roles_empty_axes():
     for path in sorted(REPORTED.glob("*.json")):
         data = json.loads(path.read_text())
         points.append({"instance": data["instance"], "status": "ok", "result": data,
-                       "row": b.point_from_result(data), "error": None,
-                       "gpu": b.summarise_gpu_samples([], None, None)})
+                       "row": bench_results.point_from_result(data), "error": None,
+                       "gpu": bench_gpu.summarise_gpu_samples([], None, None)})
     points[0]["preemptions"] = {"count": None, "reason": "http://x/metrics could not be read"}
     points[1]["row"] = dict(points[1]["row"], preemptions=0.0)
     instance = dict(INSTANCES[1], instance="reported-34-7:18000", host="lab-h200")
@@ -293,10 +294,10 @@ def test_summary_and_matrix_line_list_what_ran_with_the_roles_empty_axes():
 
 
 def test_axis_notes():
-    two_pairs = b.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, n)["row"]
+    two_pairs = bench_analysis.analyse([ok_point("h1:8000", "h1", c, 100.0 * c, n)["row"]
                            for c in (1, 2, 4) for n in (32, 64)])
     assert r.axis_notes(two_pairs) == []
-    one_level = b.analyse([ok_point("h1:8000", "h1", 4, 400.0, n)["row"] for n in (32, 64)])
+    one_level = bench_analysis.analyse([ok_point("h1:8000", "h1", 4, 400.0, n)["row"] for n in (32, 64)])
     assert r.axis_notes(one_level) == [
         "throughput and latency vs concurrency: one concurrency level measured (4), no curve "
         "drawn; measure two or more"]

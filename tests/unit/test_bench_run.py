@@ -12,6 +12,7 @@ from docker import errors as docker_errors
 import vllm_bench
 from conftest import FIXTURES
 from gpufleet import bench as b
+from gpufleet import bench_analysis, bench_gpu, bench_results
 from helpers import run_module
 
 FIXTURE = FIXTURES / "bench" / "serve-c8-1000x512.json"
@@ -124,20 +125,20 @@ def test_parse_dmon_and_summary():
             "    0     70     35      -     10      3      0      0      0      0  40000      2\n"
             "    1     90     36      -      -      3      0      0      0      0  41000      2\n"
             "    0     80     35      -     30      9      0      0      0      0  42000      2\n")
-    samples = b.parse_dmon(text)
+    samples = bench_gpu.parse_dmon(text)
     assert len(samples) == 3 and samples[1]["util"] is None
-    summary = b.summarise_gpu_samples(samples, "nvidia-smi dmon")
+    summary = bench_gpu.summarise_gpu_samples(samples, "nvidia-smi dmon")
     assert summary["sampled"] and summary["devices"][0] == {
         "index": 0, "samples": 2, "util_mean": 20.0, "util_max": 30.0, "mem_util_mean": 6.0,
         "mem_util_max": 9.0, "fb_max_mib": 42000.0, "power_mean_w": 75.0}
-    none = b.summarise_gpu_samples([])
+    none = bench_gpu.summarise_gpu_samples([])
     assert not none["sampled"] and none["reason"] == "no GPU on this host: no utilisation sampled"
 
 
 def test_no_server_result_from_vllm_032_is_a_measured_point_with_failed_requests():
-    row = b.point_from_result(NO_SERVER)
+    row = bench_results.point_from_result(NO_SERVER)
     assert (row["completed"], row["failed"], row["concurrency"]) == (0, 4, 2)
-    group = b.analyse([row])[0]
+    group = bench_analysis.analyse([row])[0]
     assert group["cliff"]["rule"] == "failed_requests"
 
 
@@ -212,7 +213,7 @@ class FakeSampler:
         return None
 
     def summary(self):
-        return b.summarise_gpu_samples([], None, "no GPU on this host: no utilisation sampled (test)")
+        return bench_gpu.summarise_gpu_samples([], None, "no GPU on this host: no utilisation sampled (test)")
 
 
 @pytest.fixture
@@ -361,21 +362,21 @@ def _rows(instance, curve, output_len=512):
                  completed=10 * c, failed=0, instance=instance, input_len="1000",
                  output_len=str(output_len), mean_e2el_ms=1000.0 * c / req,
                  p99_e2el_ms=1100.0 * c / req, request_goodput=None)
-        rows.append(b.point_from_result(d))
+        rows.append(bench_results.point_from_result(d))
     return rows
 
 
 def test_knee_summary_and_rps_by_host():
     from gpufleet.gateway import backend_name
 
-    groups = b.analyse(_rows("h1:8000", lambda c: 100.0 * min(c, 8) + 0.5 * c)
+    groups = bench_analysis.analyse(_rows("h1:8000", lambda c: 100.0 * min(c, 8) + 0.5 * c)
                        + _rows("h2:8000", lambda c: 50.0 * min(c, 4) + 0.5 * c))
-    knees = b.knee_summary(groups)
+    knees = bench_analysis.knee_summary(groups)
     assert knees["h1:8000"]["concurrency"] == 8 and knees["h2:8000"]["concurrency"] == 4
     assert knees["h1:8000"]["request_throughput"] == pytest.approx((800 + 4) / 512)
     instances = [{"host": "h1", "container": "h1:8000", "served_model_name": "Org/M"},
                  {"host": "h2", "container": "h2:8000", "served_model_name": "Org/M"}]
-    rps = b.knee_rps_by_host(instances, knees, backend_name)
+    rps = bench_analysis.knee_rps_by_host(instances, knees, backend_name)
     assert rps == {"h1": {backend_name("Org/M"): round((200 + 2) / 512, 4)},
                    "h2": {backend_name("Org/M"): round((800 + 4) / 512, 4)}}
     # the form upgrade.capacity_verdict reads
@@ -388,11 +389,11 @@ def test_knee_summary_and_rps_by_host():
 
 
 def test_no_knee_leaves_the_backend_out():
-    rows = [b.point_from_result(dict(json.loads(FIXTURE.read_text()), max_concurrency=c,
+    rows = [bench_results.point_from_result(dict(json.loads(FIXTURE.read_text()), max_concurrency=c,
                                      instance="h2:8000")) for c in (1, 2)]
-    knees = b.knee_summary(b.analyse(rows))
+    knees = bench_analysis.knee_summary(bench_analysis.analyse(rows))
     assert knees["h2:8000"]["concurrency"] is None and "only 2" in knees["h2:8000"]["why_no_knee"]
-    rps = b.knee_rps_by_host([{"host": "h1", "container": "h1:8000", "served_model_name": "m"},
+    rps = bench_analysis.knee_rps_by_host([{"host": "h1", "container": "h1:8000", "served_model_name": "m"},
                               {"host": "h2", "container": "h2:8000", "served_model_name": "m"}],
                              knees, lambda m: "vllm_" + m)
     assert rps == {"h1": {}, "h2": {}}
@@ -503,10 +504,10 @@ vllm:num_requests_running{engine="0",model_name="x"} 3.0
 def test_preemptions_from_metrics_sums_the_counters_series():
     """Prometheus text format: `name{labels} value [timestamp]`; the _created sample and
     other metrics are not the counter. A page without it says None, not 0."""
-    assert b.preemptions_from_metrics(METRICS_PAGE) == 7.0
-    assert b.preemptions_from_metrics("vllm:num_preemptions_total 3\n") == 3.0
-    assert b.preemptions_from_metrics("vllm:num_requests_running 1.0\n") is None
-    assert b.preemptions_from_metrics("") is None
+    assert bench_results.preemptions_from_metrics(METRICS_PAGE) == 7.0
+    assert bench_results.preemptions_from_metrics("vllm:num_preemptions_total 3\n") == 3.0
+    assert bench_results.preemptions_from_metrics("vllm:num_requests_running 1.0\n") is None
+    assert bench_results.preemptions_from_metrics("") is None
 
 
 def test_read_preemptions_over_http_sends_the_key_and_says_why_not():

@@ -171,8 +171,8 @@ def test_hub_imports_without_requests_and_says_what_is_missing():
     import sys
 
     code = ("import sys\nsys.modules['requests'] = sys.modules['urllib3'] = None\n"
-            "from gpufleet import hub\nassert not hub.HAS_REQUESTS\n"
-            "try:\n    hub.HubClient('https://huggingface.co')\n"
+            "from gpufleet import hub, hub_client\nassert not hub_client.HAS_REQUESTS\n"
+            "try:\n    hub_client.HubClient('https://huggingface.co')\n"
             "except hub.HubError as exc:\n    print(exc)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "plugins" / "module_utils")))

@@ -34,12 +34,12 @@ def test_progress_line_is_the_text_the_role_printed():
 
 
 def test_read_progress_takes_hf_models_file_and_nothing_else(tmp_path):
-    from gpufleet import hub
+    from gpufleet import hub_fetch, hub_manifest, hub_names
 
-    (tmp_path / hub.STATE_DIR).mkdir()  # hf_model makes it before it fetches
-    stats = hub._Stats(str(tmp_path), 2, 3 << 30, write_progress=True)
+    (tmp_path / hub_names.STATE_DIR).mkdir()  # hf_model makes it before it fetches
+    stats = hub_fetch.Stats(str(tmp_path), 2, 3 << 30, write_progress=True)
     stats.add(downloaded=1 << 29, verified=1 << 30, file_done=True)
-    raw = (tmp_path / hub.STATE_DIR / hub.PROGRESS_NAME).read_bytes()
+    raw = (tmp_path / hub_names.STATE_DIR / hub_manifest.PROGRESS_NAME).read_bytes()
     assert fw.progress_line("org/tiny", fw.read_progress(raw)) == \
         "org/tiny: 1/2 files, 1.00/3.00 GiB verified (0.50 GiB downloaded)"
     good = dict.fromkeys(fw.PROGRESS_FIELDS, 1)

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import hf_model
-from gpufleet import hub
+from gpufleet import hub_fetch, hub_listing
 from helpers import run_module
 from hfstub.server import HubStub, Repo  # noqa: E402
 
@@ -234,8 +234,8 @@ def test_against_olah_offline_mirror(tmp_path, monkeypatch):
         os.unlink(dest / "model-00002-of-00002.safetensors")
         (dest / ".gpufleet/manifest.json").unlink()
         f2 = by_path["model-00002-of-00002.safetensors"]
-        part = pathlib.Path(hub.Fetcher(None, "lab/tiny", commit, str(dest)).partial_path(
-            hub.RepoFile(f2["path"], f2["size"], f2["algorithm"], f2["digest"])))
+        part = pathlib.Path(hub_fetch.Fetcher(None, "lab/tiny", commit, str(dest)).partial_path(
+            hub_listing.RepoFile(f2["path"], f2["size"], f2["algorithm"], f2["digest"])))
         part.write_bytes(files["model-00002-of-00002.safetensors"][:1000])
         res3, failed = run_module(hf_model.main, a, monkeypatch)
         assert not failed and res3["changed"] is True

@@ -15,7 +15,7 @@ import pytest
 
 import hf_model
 import hf_model_lock
-from gpufleet import hub, model_lock
+from gpufleet import hub_listing, hub_manifest, model_lock
 from helpers import run_module
 from hfstub.server import HubStub, Repo  # noqa: E402
 
@@ -53,10 +53,10 @@ def args(stub, dest, **kw):
 
 
 def test_the_hostile_listing_matches_its_own_bytes():
-    """The premise: the hostile mirror's listing is consistent (hub.parse_tree reads it and
+    """The premise: the hostile mirror's listing is consistent (hub_listing.parse_tree reads it and
     every hash is that of the bytes it serves), so only the lock can tell."""
     evil = hostile({"modeling_tiny.py": EVIL_PY, "model.safetensors": EVIL_WEIGHTS})
-    listed = {f.path: f for f in hub.parse_tree(evil.tree())}
+    listed = {f.path: f for f in hub_listing.parse_tree(evil.tree())}
     assert listed["model.safetensors"].digest == sha256(EVIL_WEIGHTS)
     assert listed["modeling_tiny.py"].digest == hashlib.sha1(
         b"blob %d\0" % len(EVIL_PY) + EVIL_PY).hexdigest()
@@ -84,7 +84,7 @@ def test_hostile_mirror_is_accepted_without_a_lock_and_refused_with_it(swaps, tm
     assert path in res["msg"] and LOCK["files"][path] in res["msg"]
     assert sha256(evil_bytes) in res["msg"]
     assert not (locked / path).exists()  # never put in place
-    manifest = hub.read_manifest(str(locked))
+    manifest = hub_manifest.read_manifest(str(locked))
     assert manifest.get("complete") is not True
 
 
@@ -115,7 +115,7 @@ def test_code_swap_is_quarantined_and_the_rest_is_not_called_complete(tmp_path, 
     assert res["path"] == str(folder)
     assert (folder / ".gpufleet/quarantine/modeling_tiny.py").read_bytes() == EVIL_PY
     assert not (folder / "modeling_tiny.py").exists()
-    manifest = hub.read_manifest(str(folder))
+    manifest = hub_manifest.read_manifest(str(folder))
     assert manifest["complete"] is False and "modeling_tiny.py" not in manifest["files"]
     # one request for it: a lock mismatch is not fetched again from the same mirror
     assert len(stub.requests_for("/modeling_tiny.py")) == 1
@@ -132,7 +132,7 @@ def test_trusted_mirror_with_the_lock_then_reruns(tmp_path, monkeypatch):
         assert res["locked"] is True and res["changed"] is True
         for p, d in FILES.items():
             assert (dest / p).read_bytes() == d
-        files = hub.read_manifest(str(dest))["files"]
+        files = hub_manifest.read_manifest(str(dest))["files"]
         assert {p: e["lock_sha256"] for p, e in files.items()} == LOCK["files"]
         # the listing's own hash stays under its algorithm's key (what hf_mirror_index
         # reads to tell LFS files from the others)
@@ -160,7 +160,7 @@ def test_a_local_file_swapped_to_match_a_hostile_listing_is_not_trusted(tmp_path
                                  monkeypatch)
     assert failed and LOCK["files"]["modeling_tiny.py"] in res["msg"]
     assert not (dest / "modeling_tiny.py").exists()
-    assert hub.read_manifest(str(dest))["complete"] is False
+    assert hub_manifest.read_manifest(str(dest))["complete"] is False
 
 
 def test_another_commit_is_refused_before_any_write(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""Tests of gpufleet.hub (verified HF fetch) against loopback stand-ins.
+"""Tests of gpufleet.hub (sync_repo: a verified HF fetch), and through it hub_client and
+hub_fetch, against loopback stand-ins.
 
 The hub is tests/hfstub/server.py (a STAND-IN for huggingface.co or a mirror: a real HTTP
 server on 127.0.0.1); faults come from tests/hfstub/faultproxy.py (a TEST DOUBLE put
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from gpufleet import hub
+from gpufleet import hub, hub_client, hub_fetch, hub_listing
 from hfstub.faultproxy import ALL_FAULTS, FaultProxy  # noqa: E402
 from hfstub.server import HubStub, Repo, git_blob_sha1  # noqa: E402
 
@@ -35,7 +36,7 @@ def client(url, **kw):
     kw.setdefault("timeout", 2)
     kw.setdefault("retries", 4)
     kw.setdefault("backoff", 0.001)
-    return hub.HubClient(url, **kw)
+    return hub_client.HubClient(url, **kw)
 
 
 def assert_tree_matches(dest, files, only_present=False):
@@ -61,113 +62,6 @@ def files():
 def stub(files):
     with HubStub([Repo("org/model", files, refs=("main", "v1.0"))], page_size=3) as s:
         yield s
-
-
-# ---------------------------------------------------------------- pure helpers
-
-def test_git_blob_sha1_equals_git_hash_object(tmp_path):
-    data = b"hello\nworld\x00\xff" * 100
-    (tmp_path / "f").write_bytes(data)
-    out = subprocess.run(["git", "hash-object", str(tmp_path / "f")], capture_output=True,
-                         text=True, check=True).stdout.strip()
-    f = hub.RepoFile("f", len(data), "sha1", out)
-    h = f.hasher()
-    h.update(data)
-    assert h.hexdigest() == out == git_blob_sha1(data)
-
-
-def test_parse_tree_real_hub_rows():
-    # Rows as the hub returns them (shape from huggingface_hub hf_api.RepoFile: oid is the
-    # git blob id, lfs.oid the sha256; the top-level size of an LFS row is not trusted).
-    rows = [
-        {"type": "file", "oid": "8ea6b5b5" + "0" * 32, "size": 1686, "path": "config.json"},
-        {"type": "directory", "oid": "1" * 40, "size": 0, "path": "assets"},
-        {"type": "file", "oid": "7e4877d7" + "0" * 32, "size": 135,
-         "path": "model-00001-of-000163.safetensors",
-         "lfs": {"oid": "ba38046c0ea567aa2cd032b31b26a58bdba73fb5687da60ffa25b8d11cfdb4e4",
-                 "size": 5234139343, "pointerSize": 135}},
-    ]
-    got = hub.parse_tree(rows)
-    assert [(f.path, f.size, f.algorithm) for f in got] == [
-        ("config.json", 1686, "sha1"),
-        ("model-00001-of-000163.safetensors", 5234139343, "sha256")]
-    assert got[1].digest.startswith("ba38046c")
-
-
-@pytest.mark.parametrize("path", ["../etc/passwd", "/etc/passwd", "a/../../b", "a//b",
-                                  ".gpufleet/manifest.json", "a\\b", ""])
-def test_unsafe_listing_paths_are_refused(path):
-    with pytest.raises(hub.HubError, match="unsafe path"):
-        hub.parse_tree([{"type": "file", "path": path, "size": 1, "oid": "a" * 40}])
-
-
-def _file(path, oid="a" * 40):
-    return {"type": "file", "path": path, "size": 1, "oid": oid}
-
-
-@pytest.mark.parametrize("listing, said", [
-    # one file twice (issue #32 item 5: two downloads wrote one partial file, the manifest
-    # then said complete), with the same or another hash
-    ([_file("model.safetensors"), _file("model.safetensors")], "'model.safetensors' twice"),
-    ([_file("a/b.json"), _file("c"), _file("a/b.json", "b" * 40)], "'a/b.json' twice"),
-    # a file and a folder at once
-    ([_file("sub"), _file("sub/x.json")], "'sub' as a file and as a folder"),
-    ([_file("sub/x.json"), _file("sub")], "'sub' as a file and as a folder"),
-    ([{"type": "directory", "path": "cfg"}, _file("cfg")], "'cfg' as a file and as a folder"),
-    ([_file("a/b/c"), _file("a/b")], "'a/b' as a file and as a folder"),
-])
-def test_a_listing_that_is_not_one_tree_is_refused(listing, said):
-    with pytest.raises(hub.HubError, match="nothing was downloaded") as exc:
-        hub.parse_tree(listing)
-    assert said in str(exc.value)
-
-
-def test_control_a_listing_of_one_tree_with_folders_passes():
-    listing = [{"type": "directory", "path": "sub"}, _file("sub/x.json"), _file("sub/deeper/y"),
-               _file("subx"), _file("a.json")]
-    assert [f.path for f in hub.parse_tree(listing)] == ["sub/x.json", "sub/deeper/y", "subx", "a.json"]
-
-
-def test_a_refusal_quotes_at_most_200_characters_of_an_entry():
-    huge = {"type": "file", "path": "x.bin", "size": -1, "oid": "a" * 40, "junk": "j" * 10_000_000}
-    with pytest.raises(hub.HubError) as exc:
-        hub.parse_tree([huge])
-    assert len(str(exc.value)) < 600
-    with pytest.raises(hub.HubError) as exc:
-        hub.parse_tree([_file("p" * 5000), _file("p" * 5000)])
-    assert len(str(exc.value)) < 600
-
-
-def test_listing_without_hashes_is_refused():
-    with pytest.raises(hub.HubError, match="no usable size/hash"):
-        hub.parse_tree([{"type": "file", "path": "x.bin", "size": 3}])
-
-
-@pytest.mark.parametrize("allow,ignore,expected", [
-    (None, None, ["a.json", "sub/b.safetensors", "sub/c.txt"]),
-    (["*.json"], None, ["a.json"]),
-    (["sub/"], ["*.txt"], ["sub/b.safetensors"]),
-    ("*.safetensors", None, ["sub/b.safetensors"]),
-])
-def test_filter_files(allow, ignore, expected):
-    fs = [hub.RepoFile(p, 1, "sha1", "a" * 40) for p in ["a.json", "sub/b.safetensors", "sub/c.txt"]]
-    assert [f.path for f in hub.filter_files(fs, allow, ignore)] == expected
-
-
-@pytest.mark.parametrize("bad", ["", "ftp://x", "huggingface.co", "http://"])
-def test_bad_endpoint_is_refused(bad):
-    with pytest.raises(hub.HubError, match="not an http"):
-        hub.normalize_endpoint(bad)
-
-
-def test_redact_url_drops_credentials():
-    assert hub.redact_url("https://u:secret@m.example:8443/x") == "https://m.example:8443/x"
-
-
-@pytest.mark.parametrize("repo_id", ["noslash/", "a/b/c", "../x", "a b/c", ""])
-def test_bad_repo_id(repo_id):
-    with pytest.raises(hub.HubError, match="repo_id"):
-        hub.validate_repo_id(repo_id)
 
 
 # ---------------------------------------------------------------- fetch against the stub
@@ -234,8 +128,8 @@ def test_resume_partial_with_range(stub, files, tmp_path):
     dest = tmp_path / "m"
     name = "model-00001.safetensors"
     data = files[name]
-    f = next(x for x in hub.parse_tree(stub.repos["org/model"].tree()) if x.path == name)
-    fetcher = hub.Fetcher(None, "org/model", "c", str(dest))
+    f = next(x for x in hub_listing.parse_tree(stub.repos["org/model"].tree()) if x.path == name)
+    fetcher = hub_fetch.Fetcher(None, "org/model", "c", str(dest))
     part = pathlib.Path(fetcher.partial_path(f))
     part.parent.mkdir(parents=True)
     part.write_bytes(data[:400_000])
@@ -252,8 +146,8 @@ def test_mirror_without_range_restarts_the_file(files, tmp_path):
     name = "model-00001.safetensors"
     data = files[name]
     with HubStub([Repo("org/model", files)], range_support=False, lfs_redirect=False) as s:
-        f = next(x for x in hub.parse_tree(s.repos["org/model"].tree()) if x.path == name)
-        part = pathlib.Path(hub.Fetcher(None, "org/model", "c", str(tmp_path)).partial_path(f))
+        f = next(x for x in hub_listing.parse_tree(s.repos["org/model"].tree()) if x.path == name)
+        part = pathlib.Path(hub_fetch.Fetcher(None, "org/model", "c", str(tmp_path)).partial_path(f))
         part.parent.mkdir(parents=True)
         part.write_bytes(data[:100])
         res = hub.sync_repo(client(s.url), "org/model", "main", tmp_path, allow_patterns=[name])
@@ -265,8 +159,8 @@ def test_mirror_without_range_restarts_the_file(files, tmp_path):
 
 def test_corrupt_partial_is_quarantined_and_refetched(stub, files, tmp_path):
     name = "model-00000.safetensors"
-    f = next(x for x in hub.parse_tree(stub.repos["org/model"].tree()) if x.path == name)
-    part = pathlib.Path(hub.Fetcher(None, "org/model", "c", str(tmp_path)).partial_path(f))
+    f = next(x for x in hub_listing.parse_tree(stub.repos["org/model"].tree()) if x.path == name)
+    part = pathlib.Path(hub_fetch.Fetcher(None, "org/model", "c", str(tmp_path)).partial_path(f))
     part.parent.mkdir(parents=True)
     part.write_bytes(b"\0" * 1000)  # not a prefix of the real bytes
     res = hub.sync_repo(client(stub.url), "org/model", "main", tmp_path, allow_patterns=[name])
@@ -320,12 +214,12 @@ def test_mirror_that_keeps_lying_fails_naming_file_and_hashes(files, tmp_path):
 
 
 def test_disk_space_preflight_refuses_before_writing(stub, tmp_path, monkeypatch):
-    real = hub.shutil.disk_usage
+    real = hub_fetch.shutil.disk_usage
 
     def tiny(path):
         return real(path)._replace(free=10 << 20)
 
-    monkeypatch.setattr(hub.shutil, "disk_usage", tiny)
+    monkeypatch.setattr(hub_fetch.shutil, "disk_usage", tiny)
     dest = tmp_path / "m"
     with pytest.raises(hub.DiskSpaceError, match="nothing was written"):
         hub.sync_repo(client(stub.url), "org/model", "main", dest)
@@ -334,11 +228,11 @@ def test_disk_space_preflight_refuses_before_writing(stub, tmp_path, monkeypatch
 
 
 def test_space_margin(tmp_path, monkeypatch):
-    usage = hub.shutil.disk_usage(tmp_path)._replace(free=100 << 20)
-    monkeypatch.setattr(hub.shutil, "disk_usage", lambda path: usage)
-    hub.check_disk_space(str(tmp_path / "new" / "dir"), 30 << 20)  # 30 + 64 MiB margin fits
+    usage = hub_fetch.shutil.disk_usage(tmp_path)._replace(free=100 << 20)
+    monkeypatch.setattr(hub_fetch.shutil, "disk_usage", lambda path: usage)
+    hub_fetch.check_disk_space(str(tmp_path / "new" / "dir"), 30 << 20)  # 30 + 64 MiB margin fits
     with pytest.raises(hub.DiskSpaceError):
-        hub.check_disk_space(str(tmp_path), 40 << 20)
+        hub_fetch.check_disk_space(str(tmp_path), 40 << 20)
 
 
 def test_second_fetch_into_same_dest_is_refused(stub, tmp_path):
@@ -469,11 +363,11 @@ def test_disk_write_error_fails_at_once_naming_the_file(stub, files, tmp_path):
     name = "model-00001.safetensors"
     code = f"""
 import resource, signal, sys
-from gpufleet import hub
+from gpufleet import hub, hub_client
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 try:
-    hub.sync_repo(hub.HubClient({stub.url!r}, retries=3, backoff=0.001), "org/model", "main",
+    hub.sync_repo(hub_client.HubClient({stub.url!r}, retries=3, backoff=0.001), "org/model", "main",
                   {str(tmp_path)!r}, allow_patterns=[{name!r}])
 except hub.HubError as exc:
     print(exc)

@@ -18,7 +18,7 @@ import zlib
 import pytest
 
 import hf_model
-from gpufleet import hub, hub_mirror
+from gpufleet import hub, hub_client, hub_fetch, hub_listing, hub_mirror
 from helpers import run_module
 from hfstub.faultproxy import FaultProxy  # noqa: E402
 from hfstub.server import HostileServer, HubStub, Repo, git_blob_sha1  # noqa: E402
@@ -32,7 +32,7 @@ def client(url, **kw):
     kw.setdefault("timeout", 1)
     kw.setdefault("retries", 2)
     kw.setdefault("backoff", 0.001)
-    return hub.HubClient(url, **kw)
+    return hub_client.HubClient(url, **kw)
 
 
 def api_routes(files, tree_headers=None):
@@ -230,7 +230,7 @@ def test_unsafe_revision_is_refused_before_any_request(tmp_path, rev):
 @pytest.mark.parametrize("name", ['a"b.json', "a b.json", "a\nb.json", "a\x7fb", "\u2028x"])
 def test_unsafe_listed_names_are_refused(name):
     with pytest.raises(hub.HubError, match="unsafe path"):
-        hub.parse_tree([{"type": "file", "path": name, "size": 1, "oid": "a" * 40}])
+        hub_listing.parse_tree([{"type": "file", "path": name, "size": 1, "oid": "a" * 40}])
 
 
 @pytest.fixture
@@ -332,7 +332,7 @@ def test_free_inodes_are_checked_with_free_bytes(tmp_path, monkeypatch):
         return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, st.f_bfree,
                                   st.f_bavail, 1000, 80, 80, st.f_flag, st.f_namemax))
 
-    monkeypatch.setattr(hub.os, "statvfs", few_inodes)
+    monkeypatch.setattr(hub_fetch.os, "statvfs", few_inodes)
     files = {f"d/f{i:02d}.txt": b"" for i in range(40)}  # 40 files + 1 folder + margin > 80
     with HubStub([Repo("org/m", files)]) as s:
         with pytest.raises(hub.DiskSpaceError, match="80 free inodes; this fetch creates 41"):

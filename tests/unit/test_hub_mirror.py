@@ -14,7 +14,7 @@ import requests
 
 import hf_mirror_index
 import hf_model
-from gpufleet import hub, hub_mirror
+from gpufleet import hub, hub_client, hub_mirror
 from helpers import run_module
 from hfstub.server import HubStub, Repo, git_blob_sha1  # noqa: E402
 
@@ -31,7 +31,7 @@ def fetched(tmp_path):
     """A folder fetched (and verified) by hf_model."""
     folder = tmp_path / "models" / "tiny"
     with HubStub([Repo("lab/tiny", FILES)]) as s:
-        hub.sync_repo(hub.HubClient(s.url), "lab/tiny", "main", folder)
+        hub.sync_repo(hub_client.HubClient(s.url), "lab/tiny", "main", folder)
         commit = s.repos["lab/tiny"].commit
     return folder, commit
 

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from gpufleet import hub
+from gpufleet import hub, hub_client, hub_fetch, hub_listing
 from hfstub import server as hfserver  # noqa: E402
 from hfstub.server import HubStub, Repo  # noqa: E402
 
@@ -37,7 +37,7 @@ def _files(n_big=1, size=600_000):
 
 
 def _client(url):
-    return hub.HubClient(url, timeout=5, retries=2, backoff=0.001)
+    return hub_client.HubClient(url, timeout=5, retries=2, backoff=0.001)
 
 
 class _Watch:
@@ -87,7 +87,7 @@ class _Record:
         self.final = os.path.join(self.dest, BIG)
         self.all_hashed_at, self.replaces = None, []
         self.final_while_hashing = []  # (bytes hashed so far, "update" | "hexdigest")
-        record, real_hasher, real_replace = self, hub.RepoFile.hasher, os.replace
+        record, real_hasher, real_replace = self, hub_listing.RepoFile.hasher, os.replace
 
         class Hasher:
             def __init__(self, inner):
@@ -120,8 +120,8 @@ class _Record:
                                             hashlib.sha256(fh.read()).hexdigest()))
             return real_replace(src, dst, *a, **kw)
 
-        monkeypatch.setattr(hub.RepoFile, "hasher", hasher)
-        monkeypatch.setattr(hub.os, "replace", replace)
+        monkeypatch.setattr(hub_listing.RepoFile, "hasher", hasher)
+        monkeypatch.setattr(hub_fetch.os, "replace", replace)
 
 
 def _violations(record, watch, dest, good_sha256):
@@ -153,8 +153,8 @@ def _mutant_download(self, f):
     and quarantine the final name on a mismatch."""
     partial_path = self.partial_path(f)
     got = None
-    for _ in range(hub.VERIFY_ATTEMPTS):
-        part = hub._Partial(f, partial_path)
+    for _ in range(hub_fetch.VERIFY_ATTEMPTS):
+        part = hub_fetch._Partial(f, partial_path)
         got = self._stream(f, part)
         final = self.final_path(f)
         os.makedirs(os.path.dirname(final), exist_ok=True)
@@ -208,8 +208,8 @@ def _mutant_streams_into_place(self, f):
     into the final name, checked when they are all there."""
     final = self.final_path(f)
     got = None
-    for _ in range(hub.VERIFY_ATTEMPTS):
-        part = hub._Partial(f, final)
+    for _ in range(hub_fetch.VERIFY_ATTEMPTS):
+        part = hub_fetch._Partial(f, final)
         got = self._stream(f, part)
         if got == f.digest:
             return
@@ -225,7 +225,7 @@ def _mutant_streams_into_place(self, f):
 def test_the_checks_catch_a_fetcher_that_breaks_the_order(monkeypatch, tmp_path, mutant, corrupt):
     """The same fetch and checks with _download's order broken: they report it, so the
     two tests above fail on such a change."""
-    monkeypatch.setattr(hub.Fetcher, "_download", mutant)
+    monkeypatch.setattr(hub_fetch.Fetcher, "_download", mutant)
     record, watch, dest, good, error = _fetch(monkeypatch, tmp_path, corrupt=corrupt)
     # the events alone (no polling) catch it, so catching it does not depend on timing
     assert _violations(record, None, dest, good), "the broken order went unseen"

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from gpufleet import hub, model_lock
+from gpufleet import hub, hub_listing, hub_names, model_lock
 from gpufleet.model_lock import LockError, parse_lock
 
 COMMIT = "a" * 40
@@ -15,7 +15,7 @@ GOOD = {"repo_id": "org/m", "commit": COMMIT,
 
 
 def listed(path, algorithm, digest):
-    return hub.RepoFile(path, 1, algorithm, digest)
+    return hub_listing.RepoFile(path, 1, algorithm, digest)
 
 
 def test_a_good_lock_parses_and_round_trips():
@@ -55,9 +55,9 @@ def test_a_bad_lock_is_refused_saying_why(data, needle):
 @pytest.mark.parametrize("name", ["a.py", "sub/dir/x.json", "../x", "a/./b", "/x", "a\\b",
                                   "a\nb", "a'b", "", "a//b", "ü/é.txt"])
 def test_lock_paths_follow_the_fetch_s_name_rule(name):
-    """model_lock repeats hub.validate_name's rule (it must not import hub): they agree."""
+    """model_lock repeats hub_names.validate_name's rule (it must not import hub): they agree."""
     try:
-        hub.validate_name(name, "path")
+        hub_names.validate_name(name, "path")
         hub_ok = True
     except hub.HubError:
         hub_ok = False
@@ -68,7 +68,7 @@ def test_lock_paths_follow_the_fetch_s_name_rule(name):
                                      "org/m n"])
 def test_lock_repo_ids_follow_the_fetch_s_rule(repo_id):
     try:
-        hub.validate_repo_id(repo_id)
+        hub_names.validate_repo_id(repo_id)
         hub_ok = True
     except hub.HubError:
         hub_ok = False

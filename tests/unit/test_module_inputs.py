@@ -309,10 +309,10 @@ def hub_stub():
 @pytest.fixture(scope="module")
 def fetched_model(hub_stub, tmp_path_factory):
     """A model folder fetched and verified by gpufleet.hub from the stand-in hub."""
-    from gpufleet import hub
+    from gpufleet import hub, hub_client
 
     folder = tmp_path_factory.mktemp("fetched") / "tiny"
-    hub.sync_repo(hub.HubClient(hub_stub.url), "org/tiny", "main", folder)
+    hub.sync_repo(hub_client.HubClient(hub_stub.url), "org/tiny", "main", folder)
     return folder
 
 
@@ -460,12 +460,12 @@ def _file_sd(host="gpu1", port=8000, model="m"):
 
 
 def _bench_points():
-    from gpufleet import bench
+    from gpufleet import bench_gpu, bench_results
 
     data = dict(BENCH_RESULT, instance="h1:8000")
     return [{"instance": "h1:8000", "host": "h1", "status": "ok", "result": data,
-             "row": bench.point_from_result(data), "error": None, "log_tail": "",
-             "gpu": bench.summarise_gpu_samples([], None, None), "command": ["bench"]}]
+             "row": bench_results.point_from_result(data), "error": None, "log_tail": "",
+             "gpu": bench_gpu.summarise_gpu_samples([], None, None), "command": ["bench"]}]
 
 
 def _model_dir(tmp_path):

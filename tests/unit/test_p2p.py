@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpufleet import hub, hub_mirror, p2p
+from gpufleet import hub, hub_client, hub_listing, hub_mirror, p2p, p2p_swarm, p2p_torrent
 from hfstub.server import HubStub, Repo, git_blob_sha1  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -20,8 +20,8 @@ COMMIT = "a" * 40
 
 def _rf(path, data, lfs=False):
     if lfs:
-        return hub.RepoFile(path, len(data), "sha256", hashlib.sha256(data).hexdigest())
-    return hub.RepoFile(path, len(data), "sha1", git_blob_sha1(data))
+        return hub_listing.RepoFile(path, len(data), "sha256", hashlib.sha256(data).hexdigest())
+    return hub_listing.RepoFile(path, len(data), "sha1", git_blob_sha1(data))
 
 
 LISTING = [_rf("model.safetensors", b"w" * 100, lfs=True), _rf("config.json", b"{}"),
@@ -37,19 +37,19 @@ def _facts(**kw):
 # ---------------------------------------------------------------- what a torrent holds
 
 def test_piece_size_is_a_power_of_two_from_the_size_alone():
-    assert p2p.piece_size(0) == p2p.MIN_PIECE
-    assert p2p.piece_size(4 << 20) == 16 << 10
-    assert p2p.piece_size(700 << 30) == p2p.MAX_PIECE
+    assert p2p_torrent.piece_size(0) == p2p_torrent.MIN_PIECE
+    assert p2p_torrent.piece_size(4 << 20) == 16 << 10
+    assert p2p_torrent.piece_size(700 << 30) == p2p_torrent.MAX_PIECE
     for total in (1, 10 << 20, 3 << 30, 70 << 30):
-        size = p2p.piece_size(total)
-        assert size & (size - 1) == 0 and p2p.MIN_PIECE <= size <= p2p.MAX_PIECE
-        assert size == p2p.piece_size(total)
+        size = p2p_torrent.piece_size(total)
+        assert size & (size - 1) == 0 and p2p_torrent.MIN_PIECE <= size <= p2p_torrent.MAX_PIECE
+        assert size == p2p_torrent.piece_size(total)
     with pytest.raises(p2p.P2PError):
-        p2p.piece_size(-1)
+        p2p_torrent.piece_size(-1)
 
 
 def test_torrent_files_sorted_under_the_commit_without_empty_files():
-    root, files = p2p.torrent_files({"commit": COMMIT, "files": LISTING})
+    root, files = p2p_torrent.torrent_files({"commit": COMMIT, "files": LISTING})
     assert root == COMMIT
     assert files == [("config.json", 2), ("model.safetensors", 100)]
 
@@ -62,11 +62,11 @@ def test_torrent_files_sorted_under_the_commit_without_empty_files():
 ])
 def test_torrent_files_refuses_bad_models(model, needle):
     with pytest.raises(hub.HubError, match=needle):
-        p2p.torrent_files(model)
+        p2p_torrent.torrent_files(model)
 
 
 def test_check_torrent_accepts_the_listing_and_returns_what_it_carries():
-    carried = p2p.check_torrent(_facts(), LISTING, COMMIT, "1" * 40)
+    carried = p2p_torrent.check_torrent(_facts(), LISTING, COMMIT, "1" * 40)
     assert [f.path for f in carried] == ["config.json", "model.safetensors"]
     assert carried[1].algorithm == "sha256"  # the listing's hash rule, not the torrent's
 
@@ -83,23 +83,23 @@ def test_check_torrent_accepts_the_listing_and_returns_what_it_carries():
 ])
 def test_check_torrent_refuses(facts, infohash, needle):
     with pytest.raises(p2p.P2PError, match=needle):
-        p2p.check_torrent(facts, LISTING, COMMIT, infohash)
+        p2p_torrent.check_torrent(facts, LISTING, COMMIT, infohash)
 
 
 def test_infohashes_in_plain_python():
     info = b"d6:lengthi3e4:name1:a12:piece lengthi16384e6:pieces0:7:privatei1ee"
     data = b"d8:announce0:4:info" + info + b"e"
-    assert p2p.infohashes(data) == (hashlib.sha1(info).hexdigest(),
-                                    hashlib.sha256(info).hexdigest())
+    assert p2p_torrent.infohashes(data) == (hashlib.sha1(info).hexdigest(),
+                                            hashlib.sha256(info).hexdigest())
     for bad in (b"", b"not bencode", b"d4:infod", b"d3:fooi1ee", b"d4:info99:abce"):
         with pytest.raises(p2p.P2PError):
-            p2p.infohashes(bad)
+            p2p_torrent.infohashes(bad)
 
 
 # ---------------------------------------------------------------- the session
 
 def test_allow_list_from_inventory_addresses():
-    assert p2p.allow_list(["10.0.0.3", "10.0.0.2", "10.0.0.3", "fd00::1"], "10.0.0.1") == [
+    assert p2p_swarm.allow_list(["10.0.0.3", "10.0.0.2", "10.0.0.3", "fd00::1"], "10.0.0.1") == [
         "10.0.0.1", "10.0.0.2", "10.0.0.3", "fd00::1"]
 
 
@@ -113,24 +113,24 @@ def test_allow_list_from_inventory_addresses():
 ])
 def test_allow_list_refuses_what_is_not_a_host_address(peers, needle):
     with pytest.raises(p2p.P2PError, match=needle):
-        p2p.allow_list(peers)
+        p2p_swarm.allow_list(peers)
 
 
 def test_ip_filter_blocks_everything_but_the_allowed_addresses():
-    rules = p2p.ip_filter_rules(["10.0.0.2", "fd00::1"])
+    rules = p2p_swarm.ip_filter_rules(["10.0.0.2", "fd00::1"])
     assert rules[:2] == [("0.0.0.0", "255.255.255.255", True),
                          ("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", True)]
     assert rules[2:] == [("10.0.0.2", "10.0.0.2", False), ("fd00::1", "fd00::1", False)]
 
 
 def test_settings_are_private_to_the_fleet():
-    s = p2p.settings("10.0.0.2", 6881)
+    s = p2p_swarm.settings("10.0.0.2", 6881)
     for key in ("enable_dht", "enable_lsd", "enable_upnp", "enable_natpmp",
                 "enable_incoming_utp", "enable_outgoing_utp"):
         assert s[key] is False, key
     assert s["listen_interfaces"] == "10.0.0.2:6881"
     assert s["outgoing_interfaces"] == "10.0.0.2"
-    assert p2p.settings("fd00::2", 7000)["listen_interfaces"] == "[fd00::2]:7000"
+    assert p2p_swarm.settings("fd00::2", 7000)["listen_interfaces"] == "[fd00::2]:7000"
     assert s["ban_web_seeds"] is True
 
 
@@ -138,41 +138,41 @@ def test_settings_are_private_to_the_fleet():
                                         ("10.0.0.2", 0), ("10.0.0.2", 70000)])
 def test_settings_refuse_every_interface_and_bad_ports(addr, port):
     with pytest.raises(p2p.P2PError):
-        p2p.settings(addr, port)
+        p2p_swarm.settings(addr, port)
 
 
 def test_web_seed_must_honour_range():
     url = "http://mirror:8090/org/m/resolve/"
-    assert p2p.web_seed_verdict(url, 206, {"Content-Range": "bytes 0-0/651"}) is None
-    olah = p2p.web_seed_verdict(url, 200, {"Content-Length": "651"})
+    assert p2p_swarm.web_seed_verdict(url, 206, {"Content-Range": "bytes 0-0/651"}) is None
+    olah = p2p_swarm.web_seed_verdict(url, 200, {"Content-Length": "651"})
     assert "ignores Range" in olah and "olah" in olah and "transport: http" in olah
-    assert p2p.web_seed_verdict(url, 206, {}) is not None
+    assert p2p_swarm.web_seed_verdict(url, 206, {}) is not None
 
 
 @pytest.mark.parametrize("range_support", [True, False])
 def test_probe_web_seed_refuses_a_server_that_ignores_range(range_support):
     with HubStub([Repo("lab/t", {"config.json": b"{}"})], range_support=range_support) as s:
         commit = s.repos["lab/t"].commit
-        base = p2p.web_seed_url(s.url, "lab/t")
+        base = p2p_swarm.web_seed_url(s.url, "lab/t")
         if range_support:
-            assert p2p.probe_web_seed(base, commit, "config.json") is None
+            assert p2p_swarm.probe_web_seed(base, commit, "config.json") is None
         else:  # olah's behaviour: 200 and the whole file
             with pytest.raises(p2p.P2PError, match="ignores Range"):
-                p2p.probe_web_seed(base, commit, "config.json")
+                p2p_swarm.probe_web_seed(base, commit, "config.json")
 
 
 def test_probe_web_seed_names_a_mirror_that_is_down():
     with pytest.raises(p2p.P2PError, match="did not answer"):
-        p2p.probe_web_seed("http://127.0.0.1:9/lab/t/resolve/", "a" * 40, "config.json", 2)
+        p2p_swarm.probe_web_seed("http://127.0.0.1:9/lab/t/resolve/", "a" * 40, "config.json", 2)
 
 
 def test_web_seed_url_is_the_site_mirrors_resolve_path():
-    assert p2p.web_seed_url("http://10.0.0.1:8090/", "org/m") == \
+    assert p2p_swarm.web_seed_url("http://10.0.0.1:8090/", "org/m") == \
         "http://10.0.0.1:8090/org/m/resolve/"
     with pytest.raises(p2p.P2PError):
-        p2p.web_seed_url("file:///srv/models", "org/m")
+        p2p_swarm.web_seed_url("file:///srv/models", "org/m")
     with pytest.raises(hub.HubError):
-        p2p.web_seed_url("http://10.0.0.1:8090", "../m")
+        p2p_swarm.web_seed_url("http://10.0.0.1:8090", "../m")
 
 
 # ---------------------------------------------------------------- files
@@ -183,7 +183,7 @@ def test_verify_file_uses_hf_models_rule(tmp_path):
     assert p2p.verify_file(tmp_path / "f", _rf("f", data)) is None
     assert p2p.verify_file(tmp_path / "f", _rf("f", data, lfs=True)) is None
     assert "sha1" in p2p.verify_file(tmp_path / "f", _rf("f", b"hellO"))
-    pinned = hub.RepoFile("f", 5, "sha1", git_blob_sha1(data), pinned="0" * 64)
+    pinned = hub_listing.RepoFile("f", 5, "sha1", git_blob_sha1(data), pinned="0" * 64)
     assert "the lock pins" in p2p.verify_file(tmp_path / "f", pinned)
 
 
@@ -216,7 +216,7 @@ def test_module_imports_without_libtorrent_and_says_what_to_install():
         import libtorrent  # noqa: F401
     except ImportError:
         with pytest.raises(p2p.P2PError, match="python3-libtorrent"):
-            p2p._lt()
+            p2p_torrent.load_libtorrent()
     else:
         pytest.skip("libtorrent is importable here")
 
@@ -240,8 +240,8 @@ def test_two_makes_give_the_same_torrent_and_other_bytes_another(tmp_path):
     files = {"config.json": b'{"hidden_size": 64}', "model.safetensors": os.urandom(300 << 10),
              "README.md": b""}
     with HubStub([Repo("lab/t", files), Repo("lab/u", {**files, "config.json": b"{}"})]) as s:
-        hub.sync_repo(hub.HubClient(s.url), "lab/t", "main", str(tmp_path / "t"))
-        hub.sync_repo(hub.HubClient(s.url), "lab/u", "main", str(tmp_path / "u"))
+        hub.sync_repo(hub_client.HubClient(s.url), "lab/t", "main", str(tmp_path / "t"))
+        hub.sync_repo(hub_client.HubClient(s.url), "lab/u", "main", str(tmp_path / "u"))
     one = _make(tmp_path / "t", tmp_path / "1.torrent")
     os.utime(tmp_path / "t/.gpufleet/manifest.json")  # made again later: same bytes
     two = _make(tmp_path / "t", tmp_path / "2.torrent")
@@ -252,8 +252,8 @@ def test_two_makes_give_the_same_torrent_and_other_bytes_another(tmp_path):
     assert one["files"] == [["config.json", 19], ["model.safetensors", 300 << 10]]
     data = (tmp_path / "1.torrent").read_bytes()
     assert b"creation date" not in data and b"created by" not in data
-    assert p2p.infohashes(data) == (one["infohash"], one["infohash_v2"])  # no libtorrent
-    p2p.check_torrent(one, model["files"], model["commit"], one["infohash"])
+    assert p2p_torrent.infohashes(data) == (one["infohash"], one["infohash_v2"])  # no libtorrent
+    p2p_torrent.check_torrent(one, model["files"], model["commit"], one["infohash"])
     other = _make(tmp_path / "u", tmp_path / "3.torrent")  # the control: other bytes
     assert other["infohash"] != one["infohash"]
 
@@ -261,7 +261,7 @@ def test_two_makes_give_the_same_torrent_and_other_bytes_another(tmp_path):
 @pytest.mark.skipif(not _sys_libtorrent(), reason="python3-libtorrent is not installed")
 def test_make_refuses_a_folder_changed_since_it_was_verified(tmp_path):
     with HubStub([Repo("lab/t", {"config.json": b"{}", "w.bin": b"x" * 1000})]) as s:
-        hub.sync_repo(hub.HubClient(s.url), "lab/t", "main", str(tmp_path / "t"))
+        hub.sync_repo(hub_client.HubClient(s.url), "lab/t", "main", str(tmp_path / "t"))
     (tmp_path / "t/w.bin").write_bytes(b"y" * 1000)
     r = subprocess.run(["/usr/bin/python3", str(ROOT / "tests/hfstub/p2ppeer.py"), "make",
                         str(tmp_path / "t"), str(tmp_path / "x.torrent")],

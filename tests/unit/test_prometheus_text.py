@@ -20,7 +20,7 @@ import pytest
 
 import vllm_bench
 import vllm_probe
-from gpufleet import bench, prometheus_text, upgrade
+from gpufleet import bench_results, prometheus_text, upgrade
 from helpers import run_module
 
 RUNNING = "vllm:num_requests_running"
@@ -91,10 +91,10 @@ def test_the_error_quotes_at_most_a_bounded_part_of_the_page():
 
 
 def test_the_idle_wait_and_the_benchmark_read_through_it():
-    """upgrade (the idle wait before a drain) and bench (the preemption counter) read
+    """upgrade (the idle wait before a drain) and bench_results (the preemption counter) read
     /metrics through this one reader; a '}' in a label value no longer hides the gauges."""
     assert upgrade.parse_metrics is prometheus_text.parse_metrics
-    assert bench.parse_metrics is prometheus_text.parse_metrics
+    assert bench_results.parse_metrics is prometheus_text.parse_metrics
     page = CASES["label value holding }"][0]
     assert upgrade.idle_counts(upgrade.parse_metrics(page)) == (2, 0)
     idle = page.replace(" 2.0\n", " 0.0\n")

@@ -1,10 +1,10 @@
-"""One repo-id rule: hf_model's (gpufleet.hub.validate_repo_id) is the one the model_fetch
+"""One repo-id rule: hf_model's (gpufleet.hub_names.validate_repo_id) is the one the model_fetch
 role's preflight applies, through the gpufleet_bad_repo_ids filter, before any fetch."""
 
 import pytest
 
 from conftest import ROOT
-from gpufleet import hub
+from gpufleet import hub, hub_names
 from helpers import run_playbook
 
 
@@ -26,10 +26,10 @@ def test_the_filter_is_hub_rule():
     assert bad_repo_ids(GOOD) == []
     assert bad_repo_ids(BAD) == BAD
     for repo_id in GOOD:
-        hub.validate_repo_id(repo_id)
+        hub_names.validate_repo_id(repo_id)
     for repo_id in BAD:
         with pytest.raises(hub.HubError):
-            hub.validate_repo_id(repo_id)
+            hub_names.validate_repo_id(repo_id)
 
 
 @pytest.mark.parametrize("repo_id", ["org/na..me", "org/name/extra"])

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 import hf_model
-from gpufleet import hub, revisions
+from gpufleet import hub, hub_client, hub_manifest, revisions
 from helpers import run_module
 from hfstub.faultproxy import FaultProxy  # noqa: E402
 from hfstub.server import HubStub, Repo  # noqa: E402
@@ -82,7 +82,7 @@ def test_new_revision_fetched_into_its_own_folder_with_hard_links(stub, tmp_path
     assert (old / "model.safetensors").stat().st_ino == (new / "model.safetensors").stat().st_ino
     assert (old / "config.json").read_bytes() == REV1["config.json"]  # the old one stays
     assert (dest / "config.json").read_bytes() == REV2["config.json"]
-    assert hub.read_manifest(str(new))["complete"] is True
+    assert hub_manifest.read_manifest(str(new))["complete"] is True
 
     res, failed = fetch(monkeypatch, stub.url, dest)  # a re-run changes nothing
     assert not failed and res["changed"] is False and not res["switched"]
@@ -117,12 +117,12 @@ def test_control_in_place_fetch_cut_halfway_changes_the_served_folder(stub, tmp_
     """Control: main's layout (hub.sync_repo straight into the served folder) under the
     same cut leaves the served folder changed, which the test above rules out."""
     dest = tmp_path / "tiny"
-    client = hub.HubClient(stub.url, retries=0, max_file_attempts=1, timeout=5)
+    client = hub_client.HubClient(stub.url, retries=0, max_file_attempts=1, timeout=5)
     hub.sync_repo(client, "org/tiny", "main", dest)
     before = served_files(dest)
     publish(stub, REV3)
     with FaultProxy(stub.url, queue=["drop"], only="model.safetensors") as proxy:
-        client = hub.HubClient(proxy.url, retries=0, max_file_attempts=1, timeout=5)
+        client = hub_client.HubClient(proxy.url, retries=0, max_file_attempts=1, timeout=5)
         with pytest.raises(hub.HubError):
             hub.sync_repo(client, "org/tiny", "main", dest)
     assert served_files(dest) != before
@@ -131,7 +131,7 @@ def test_control_in_place_fetch_cut_halfway_changes_the_served_folder(stub, tmp_
 
 def test_legacy_folder_migrated_in_check_mode_nothing_moves(stub, tmp_path, monkeypatch):
     dest = tmp_path / "tiny"
-    hub.sync_repo(hub.HubClient(stub.url), "org/tiny", "main", dest)  # the layout before
+    hub.sync_repo(hub_client.HubClient(stub.url), "org/tiny", "main", dest)  # the layout before
     c1 = stub.repos["org/tiny"].commit
     ino = (dest / "model.safetensors").stat().st_ino
     tree = snapshot(tmp_path)

@@ -16,12 +16,31 @@ GPUs and the host stack
   hoststate        a host's state record: is it exactly as its last full site.yml run left it
 
 Models and their weights
-  hub              Hugging Face hub or mirror client: listing, verified parallel download,
-                   manifest
+  hub              a verified model fetch from a Hugging Face hub or mirror: sync_repo (one
+                   commit's files into dest), a lock written from a hub or a verified folder;
+                   the fetch's errors (named in its __all__)
+  hub_errors       the fetch's errors (HubError and the ones every step raises)
+  hub_names        what a repo id, revision, listed path or endpoint URL may be; a path under
+                   a root that no link leads out of; credentials kept out of messages
+  hub_listing      a commit's listing: its files (RepoFile) and what their bytes hash to,
+                   allow/ignore patterns
+  hub_client       the HTTP client (requests): retries, redirects, the token's origin, byte
+                   caps, minimum rate, deadline
+  hub_manifest     dest's state folder: the verified manifest and what a re-run trusts
+  hub_fetch        the bytes: streamed, hashed, resumed, quarantined, renamed; free space first
   hub_mirror       the site mirror: verified folders as a static tree nginx serves
   revisions        model revisions side by side: one folder per commit, the served link
   model_lock       a model's lock: commit and every file's sha256, pinned on the control node
-  p2p              peer-to-peer fan-out of verified folders (libtorrent), every file re-hashed
+  p2p              peer-to-peer fan-out of verified folders (libtorrent): the engine (run_peer),
+                   hf_model's runner, every file re-hashed; its errors (named in __all__)
+  p2p_errors       p2p's errors (P2PError, WebSeedDown)
+  p2p_torrent      what a torrent of a verified folder holds, the checks a host applies to one,
+                   the mirror's torrents
+  p2p_swarm        who a host's session may talk to (settings, address filter) and when it may
+                   use the mirror's web seed
+  p2p_plan         model_fetch's p2p plan: transports, seed policies, ports, rates, the fleet's
+                   addresses, each host's job
+  p2p_seeder       the detached seeder: started, found again, stopped
   fetch_wait       the model fetch wait's options and progress line
 
 Tuning vLLM
@@ -56,7 +75,11 @@ Serving, the gateway, rollouts
   redact           what in a model entry is a secret, and how it is kept out of files
 
 Benchmarks
-  bench            the matrix to run and what `vllm bench serve` results say (knee, cliff)
+  bench            the matrix to run and the `vllm bench serve` runs that measure it (flags,
+                   instances, the container's environment)
+  bench_results    what one saved `vllm bench serve` result says: a point, a failed point, a row
+  bench_analysis   what a curve says: the knee, the cliff, the findings; the knee as facts
+  bench_gpu        GPU utilisation during a point (`nvidia-smi dmon`)
   bench_report     the run folder: raw results, CSV, plots, HTML
 
 Shared rules

@@ -15,8 +15,8 @@ import json
 import os
 import re
 
-from .bench import (CLIFF_RULES, PRESETS, BenchError, analyse, knee_rps_by_host,
-                    knee_summary, rows_to_csv, settings_text)
+from .bench import PRESETS, BenchError, settings_text
+from .bench_analysis import CLIFF_RULES, analyse, knee_rps_by_host, knee_summary, rows_to_csv
 from .gateway import backend_name
 
 __all__ = ["axis_notes", "build_report", "fleet_row", "gpu_text", "matrix_ran", "plot_files",

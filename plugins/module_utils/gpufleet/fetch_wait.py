@@ -27,7 +27,7 @@ ARGUMENT_SPEC = {
     "timeout": {"type": "float", "default": 86400.0},
 }
 
-# progress.json's fields (written by hub._Stats), all counts
+# progress.json's fields (written by hub_fetch.Stats), all counts
 PROGRESS_FIELDS = ("files_done", "files_total", "bytes_verified", "bytes_total",
                    "bytes_downloaded")
 

@@ -29,9 +29,10 @@ import re
 import stat
 
 from . import model_lock
-from .hub import (_HEX40, STATE_DIR, HubError, MANIFEST_NAME, RepoFile, UnsafePathError,
-                  _open_nofollow, manifest_trusts, path_under, safe_relpath, validate_name,
-                  validate_repo_id)
+from .hub_errors import HubError, UnsafePathError
+from .hub_listing import RepoFile
+from .hub_manifest import MANIFEST_NAME, manifest_trusts, open_nofollow
+from .hub_names import HEX40, STATE_DIR, path_under, safe_relpath, validate_name, validate_repo_id
 
 # Beyond validate_name (quotes, backslashes, whitespace, control characters): what nginx
 # map files and locations would read as syntax or variables.
@@ -40,7 +41,7 @@ _NGINX_UNSAFE = re.compile(r'[$;{}]')
 
 def _sha256_of(folder, rel):
     h = hashlib.sha256()
-    with _open_nofollow(path_under(folder, rel), "rb") as fh:
+    with open_nofollow(path_under(folder, rel), "rb") as fh:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
@@ -63,7 +64,7 @@ def read_model_folder(folder, repo_id=None, lock=None):
     if "/" not in repo_id:
         raise HubError(f"{folder}: repo id {repo_id!r} needs an org ('org/name') to be served.")
     commit = manifest.get("commit")
-    if not isinstance(commit, str) or not _HEX40.match(commit):
+    if not isinstance(commit, str) or not HEX40.match(commit):
         raise HubError(f"{folder}: the manifest's commit {commit!r:.60} is not a commit sha; "
                        "fetch the folder with hf_model again.")
     revision = manifest.get("revision") or "main"
@@ -209,7 +210,7 @@ def apply_site(root, plan, check_mode=False):
         changed.append(rel)
         if not check_mode:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with _open_nofollow(path + ".tmp", "wb") as fh:
+            with open_nofollow(path + ".tmp", "wb") as fh:
                 fh.write(content)
             os.replace(path + ".tmp", path)
     for sub in ("www", "nginx"):

@@ -3,329 +3,39 @@
 The engine is libtorrent (Debian 12 ``python3-libtorrent`` 2.0.8 on the hosts; see
 docs/model-fetch.md, "Peer-to-peer fan-out"). This module holds the decisions in plain
 Python (importable without Ansible and without libtorrent):
+Python (importable without Ansible and without libtorrent). This file holds the engine
+(:func:`run_peer`, one host's session), hub.sync_repo's runner (:class:`Runner`) and the
+file checks:
 
-- :func:`torrent_files` / :func:`piece_size`: what a torrent is made of: the files of a
-  *complete, verified* hf_model manifest (hub_mirror.read_model_folder checks that every
-  file still has the size and mtime it had when it was verified), sorted, under a root
-  folder named after the commit. Web seeds (BEP 19) then address a file as
-  ``<endpoint>/<repo>/resolve/`` + ``<commit>/<path>``: the site mirror's own URL.
-- :func:`check_torrent` : a torrent handed to a host must list exactly the listing's
-  files (paths and sizes) under its commit, be private, and have the infohash the control
-  node announced.
-- :func:`settings` / :func:`allow_list` / :func:`ip_filter_rules`: the session: no DHT,
-  LSD, UPnP, NAT-PMP, PEX or uTP; listen and connect from one address; every address but
-  the inventory's peers and the mirror is blocked (libtorrent applies the filter to web
-  seeds too).
-- :func:`web_seed_delay` / :class:`WebSeedGate`: the web-seed policy, so that the mirror
-  sends about one copy whatever the fleet's size: the first host(s) of the swarm (the
-  inventory's order) use the web seed from the start; the others fetch from peers only
-  and add the web seed once no peer delivered a block for ``fallback`` seconds (a fleet
-  of one, or one whose other hosts are down, still completes).
-- :func:`web_seed_verdict`: a web seed must honour Range (206); olah 0.5.4 ignores it, so
-  p2p mode refuses such an endpoint instead of fetching whole files per piece.
 - :func:`verify_file` / :func:`place_file`: each downloaded file is checked with
   hf_model's rule (sha256 for LFS files, git blob sha1 otherwise, and the lock's sha256
-  where one pins it: hub.RepoFile) before it gets its final name.
+  where one pins it: hub_listing.RepoFile) before it gets its final name.
 
-The engine part (:func:`make_torrent`, :func:`run_peer`) imports libtorrent when called.
+What a torrent holds is in p2p_torrent, who a session may talk to and the web-seed policy
+in p2p_swarm, model_fetch's settings in p2p_fleet, the detached seeder in p2p_seeder; the
+errors (p2p_errors) are named here in __all__.
 """
 from __future__ import annotations
 
-import hashlib
-import ipaddress
 import json
 import os
-import re
 import shutil
-import tempfile
 import time
 
-from . import grammar
-from .hub import (CHUNK, STATE_DIR, HubError, RepoFile, UnsafePathError, _HEX40,
-                  _open_nofollow, manifest_entries, path_under, safe_relpath, state_path,
-                  validate_repo_id, write_manifest)
+from .hub_client import CHUNK
+from .hub_errors import HubError
+from .hub_listing import RepoFile
+from .hub_manifest import manifest_entries, open_nofollow, state_path, write_manifest
+from .hub_names import STATE_DIR, path_under
+from .p2p_errors import P2PError, WebSeedDown
+from .p2p_swarm import (DEFAULT_PORT, REDIAL, WebSeedGate, ip_filter_rules, probe_web_seed,
+                        settings, url_host)
+from .p2p_torrent import check_torrent, load_libtorrent, torrent_facts
+
+__all__ = ["P2PError", "WebSeedDown", "P2P_DIR", "Runner", "cleanup", "partial_root",
+           "place_file", "run_peer", "summary", "verify_file"]
 
 P2P_DIR = "p2p"  # dest/.gpufleet/p2p/<commit>/...: libtorrent's storage (partial area)
-MIN_PIECE = 16 << 10  # BitTorrent v2 pieces: a power of two, at least 16 KiB
-MAX_PIECE = 16 << 20
-TARGET_PIECES = 2000
-DEFAULT_PORT = 6881
-_OLAH_HINT = ("olah (and any mirror that ignores Range) answers every piece request with the "
-              "whole file")
-
-
-class P2PError(HubError):
-    """A p2p input or outcome that cannot go on; the message says what to do."""
-
-
-class WebSeedDown(P2PError):
-    """The web seed did not answer: peers may still serve every piece."""
-
-
-# ---------------------------------------------------------------- what a torrent holds
-
-def piece_size(total):
-    """Power of two between 16 KiB and 16 MiB giving about TARGET_PIECES pieces: a
-    function of the bytes alone, so two makes of one model choose the same size."""
-    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
-        raise P2PError(f"total size {total!r} is not a byte count.")
-    size = MIN_PIECE
-    while size < MAX_PIECE and total / size > TARGET_PIECES:
-        size *= 2
-    return size
-
-
-def torrent_files(model):
-    """(root, [(path, size)]) of a model read by hub_mirror.read_model_folder: the commit
-    names the root folder, files sorted by path. Empty files are left out (a torrent
-    cannot carry them; the host writes them itself, they hash like any other)."""
-    commit = model.get("commit")
-    if not isinstance(commit, str) or not _HEX40.match(commit):
-        raise P2PError(f"commit {commit!r:.60} is not a commit sha: make torrents only from "
-                       "a complete hf_model manifest.")
-    files = []
-    for f in sorted(model.get("files") or [], key=lambda f: f.path):
-        safe_relpath(f.path)
-        if f.size:
-            files.append((f.path, f.size))
-    if not files:
-        raise P2PError(f"{model.get('folder')}: no non-empty file to share.")
-    return commit, files
-
-
-def check_torrent(info, listing, commit, infohash=None):
-    """A torrent's facts (from :func:`torrent_facts`) against what the host expects: its
-    root is the commit, it is private, its files are exactly the listing's non-empty files
-    with the listing's sizes, and (when the control node gave one) its v1 infohash.
-    Returns the RepoFiles it carries, in the torrent's order. Raises P2PError naming the
-    first difference."""
-    if info.get("name") != commit:
-        raise P2PError(f"the torrent's root is {info.get('name')!r:.60}, not the commit "
-                       f"{commit}: it was made for another revision; make it again.")
-    if not info.get("private"):
-        raise P2PError("the torrent is not private (DHT and peer exchange would announce it "
-                       "outside the fleet); make it with gpufleet.p2p.make_torrent.")
-    if infohash is not None and info.get("infohash") != infohash:
-        raise P2PError(f"the torrent's infohash {info.get('infohash')} is not the one the "
-                       f"control node announced ({infohash}); refusing it.")
-    by_path = {f.path: f for f in listing}
-    carried = []
-    for path, size in info.get("files") or []:
-        try:
-            safe_relpath(path)
-        except UnsafePathError as exc:
-            raise P2PError(f"the torrent names an unsafe path: {exc}") from None
-        f = by_path.get(path)
-        if f is None:
-            raise P2PError(f"the torrent carries {path!r:.200}, which the listing (manifest) "
-                           "of this commit does not have; refusing the torrent.")
-        if f.size != size:
-            raise P2PError(f"the torrent gives {path!r:.200} {size} bytes, the listing "
-                           f"{f.size}; refusing the torrent.")
-        carried.append(f)
-    missing = sorted(set(p for p, f in by_path.items() if f.size) - {f.path for f in carried})
-    if missing:
-        raise P2PError(f"the torrent lacks {missing[0]!r:.200} (and {len(missing) - 1} more "
-                       "listed files); make it again from the complete manifest.")
-    return carried
-
-
-def _bdecode_at(data, i):
-    """(value, end) of the bencoded value at data[i] (dict keys as bytes)."""
-    c = data[i:i + 1]
-    if c == b"i":
-        end = data.index(b"e", i)
-        return int(data[i + 1:end]), end + 1
-    if c in (b"l", b"d"):
-        i += 1
-        items = []
-        while data[i:i + 1] != b"e":
-            value, i = _bdecode_at(data, i)
-            items.append(value)
-        if c == b"l":
-            return items, i + 1
-        return dict(zip(items[::2], items[1::2])), i + 1
-    if c.isdigit():
-        colon = data.index(b":", i)
-        start = colon + 1
-        end = start + int(data[i:colon])
-        if end > len(data):
-            raise ValueError("string past the end")
-        return data[start:end], end
-    raise ValueError(f"unexpected byte {c!r} at {i}")
-
-
-def infohashes(data):
-    """(v1 sha1, v2 sha256) hex of a torrent's info dict, in plain Python: what the
-    control node checks against the announced infohash without libtorrent. Raises
-    P2PError for bytes that are not a torrent."""
-    try:
-        if data[:1] != b"d":
-            raise ValueError("not a dictionary")
-        i = 1
-        while data[i:i + 1] != b"e":
-            key, i = _bdecode_at(data, i)
-            start = i
-            _value, i = _bdecode_at(data, i)
-            if key == b"info":
-                info = data[start:i]
-                return (hashlib.sha1(info).hexdigest(),  # noqa: S324 - BEP 3's infohash
-                        hashlib.sha256(info).hexdigest())
-    except (ValueError, IndexError, RecursionError) as exc:
-        raise P2PError(f"the torrent is not valid bencode ({exc}); make it again.") from None
-    raise P2PError("the torrent has no info dictionary; make it again.")
-
-
-# ---------------------------------------------------------------- the session
-
-def allow_list(peers, mirror=None):
-    """Sorted, de-duplicated IP addresses the session may talk to: the inventory's peers
-    and the mirror's address. Names are refused (the role passes the addresses Ansible
-    gathered): a name would be resolved differently by each host."""
-    out = set()
-    for value in list(peers or []) + ([mirror] if mirror else []):
-        try:
-            if not isinstance(value, str) or value != value.strip():
-                raise ValueError(value)
-            addr = ipaddress.ip_address(value)
-        except ValueError:
-            raise P2PError(f"peer address {value!r:.80} is not an IP address; give the "
-                           "inventory hosts' addresses (for example ansible_host), not "
-                           "names or networks.") from None
-        if addr.is_unspecified or addr.is_multicast:
-            raise P2PError(f"peer address {value} is unspecified or multicast: not a host.")
-        out.add(addr)
-    if not out:
-        raise P2PError("the allow-list is empty: give at least one peer or the mirror.")
-    return [str(a) for a in sorted(out, key=lambda a: (a.version, a))]
-
-
-def ip_filter_rules(allowed):
-    """(first, last, blocked) ranges: everything blocked, each allowed address open."""
-    rules = [("0.0.0.0", "255.255.255.255", True),
-             ("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", True)]
-    rules += [(a, a, False) for a in allowed]
-    return rules
-
-
-def settings(listen_address, port=DEFAULT_PORT, upload_rate=0, download_rate=0):
-    """libtorrent settings_pack of a fleet session: private to the fleet, one address."""
-    try:
-        addr = ipaddress.ip_address(listen_address)
-    except ValueError:
-        raise P2PError(f"listen address {listen_address!r:.80} is not an IP address: give "
-                       "the host's fleet address.") from None
-    if addr.is_unspecified:
-        raise P2PError("listen address 0.0.0.0/:: would listen on every interface; give "
-                       "the host's fleet address.")
-    try:
-        port = grammar.port(port, "listen port")
-    except grammar.GrammarError as exc:
-        raise P2PError(str(exc)) from None
-    host = f"[{addr}]" if addr.version == 6 else str(addr)
-    return {
-        "listen_interfaces": f"{host}:{port}",
-        "outgoing_interfaces": str(addr),
-        "enable_dht": False, "enable_lsd": False, "enable_upnp": False,
-        "enable_natpmp": False, "enable_incoming_utp": False, "enable_outgoing_utp": False,
-        "enable_incoming_tcp": True, "enable_outgoing_tcp": True,
-        "allow_multiple_connections_per_ip": False,
-        # a fleet peer that dropped a connection is dialled again within seconds (run_peer
-        # redials the inventory's peers it has no connection with), not after a minute
-        "min_reconnect_time": 2,
-        "ban_web_seeds": True,
-        "upload_rate_limit": int(upload_rate), "download_rate_limit": int(download_rate),
-        "user_agent": "gpufleet-p2p", "peer_fingerprint": "-GF0001-",
-        "announce_to_all_trackers": False,
-        # plaintext only: RC4 obfuscation gives no confidentiality, integrity comes from
-        # the piece hashes and hf_model's file hashes, and the fleet network is the fence
-        "out_enc_policy": 2, "in_enc_policy": 2,
-        "handshake_client_version": "gpufleet",
-    }
-
-
-REDIAL = 2.0  # seconds between dials of the inventory's peers a host has no connection with
-WEB_SEED_HOSTS = 1  # hosts of the swarm that use the web seed from the start
-WEB_SEED_FALLBACK = 30.0  # seconds without a peer's block before the others add it
-
-
-def web_seed_delay(host, hosts, first=WEB_SEED_HOSTS, fallback=WEB_SEED_FALLBACK):
-    """Seconds `host` fetches from peers only before it may add the web seed: 0 for the
-    first `first` of `hosts` (the swarm's hosts taking part, in the inventory's order: the
-    same answer on every host), `fallback` for the others. A host not in `hosts` is
-    refused (it would not be among its peers' allow-lists)."""
-    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
-        raise P2PError(f"model_fetch_p2p_web_seed_hosts must be a whole number from 0 (no "
-                       f"host from the start) up, not {first!r:.40}.")
-    if isinstance(fallback, bool) or not isinstance(fallback, (int, float)) \
-            or not 0 < fallback <= 86400:
-        raise P2PError(f"model_fetch_p2p_web_seed_fallback must be a number of seconds "
-                       f"above 0 and at most 86400, not {fallback!r:.40}.")
-    hosts = list(hosts or [])
-    if host not in hosts:
-        raise P2PError(f"host {host!r:.80} is not among the swarm's hosts "
-                       f"({', '.join(map(str, hosts[:5])) or 'none'}); put it in "
-                       "model_fetch_p2p_group.")
-    return 0 if hosts.index(host) < first else fallback
-
-
-class WebSeedGate:
-    """When a host that starts with peers only adds the web seed: once no peer has
-    delivered a block for `delay` seconds (counted from the start, then from each peer
-    block), so a swarm whose peers stall, or a fleet of one, still completes. delay 0:
-    open from the start."""
-
-    def __init__(self, delay, start):
-        self.delay, self.last_peer, self.opened_at = float(delay), start, None
-        if self.delay <= 0:
-            self.opened_at = start
-
-    def peer_block(self, now):
-        self.last_peer = max(self.last_peer, now)
-
-    def due(self, now):
-        """True once, when the web seed is to be added now."""
-        if self.opened_at is not None or now - self.last_peer < self.delay:
-            return False
-        self.opened_at = now
-        return True
-
-
-def web_seed_verdict(url, status, headers):
-    """A probe of the web seed (GET with ``Range: bytes=0-0``) -> None when usable, else
-    the reason it is refused. A server that ignores Range cannot be a BEP 19 seed."""
-    headers = {k.lower(): v for k, v in (headers or {}).items()}
-    if status == 206 and re.match(r"^bytes 0-0/\d+$", headers.get("content-range", "")):
-        return None
-    return (f"the web seed {url} ignores Range (answered {status}, Content-Range "
-            f"{headers.get('content-range')!r}): {_OLAH_HINT}. Use the site mirror "
-            "(hf_site_mirror, nginx) as the p2p web seed, or model_fetch_transport: http.")
-
-
-def probe_web_seed(base_url, commit, path, timeout=10):
-    """Ask the web seed for the first byte of one file; P2PError when it cannot serve
-    pieces (web_seed_verdict), or cannot be reached."""
-    import requests  # noqa: PLC0415 - hub needs it anyway; kept out of the decisions
-
-    url = f"{base_url}{commit}/{path}"
-    try:
-        with requests.get(url, headers={"Range": "bytes=0-0"}, stream=True,
-                          timeout=timeout, allow_redirects=False) as r:
-            why = web_seed_verdict(url, r.status_code, dict(r.headers))
-    except requests.RequestException as exc:
-        raise WebSeedDown(f"the web seed {url} did not answer ({type(exc).__name__}); start "
-                          "the site mirror or leave the web seed out.") from None
-    if why:
-        raise P2PError(why)
-
-
-def web_seed_url(endpoint, repo_id):
-    """BEP 19 base URL: libtorrent appends ``<commit>/<path>`` (the torrent's root and a
-    file's path), giving the site mirror's ``/<repo>/resolve/<commit>/<path>``."""
-    validate_repo_id(repo_id)
-    if not re.match(r"^https?://[^/\s]+/?$", str(endpoint)):
-        raise P2PError(f"web seed endpoint {endpoint!r:.80} is not http(s)://host[:port].")
-    return f"{str(endpoint).rstrip('/')}/{repo_id}/resolve/"
 
 
 # ---------------------------------------------------------------- files
@@ -339,7 +49,7 @@ def verify_file(path, f):
     """hf_model's rule on a file: None when its bytes hash to the listing's digest (and
     the lock's sha256, if pinned), else a description of the mismatch."""
     h = f.hasher()
-    with _open_nofollow(path, "rb") as fh:
+    with open_nofollow(path, "rb") as fh:
         while chunk := fh.read(CHUNK):
             h.update(chunk)
     got = h.hexdigest()
@@ -381,65 +91,8 @@ def summary(events, carried):
 
 
 # ---------------------------------------------------------------- engine (libtorrent)
-
-def _lt():
-    try:
-        import libtorrent  # noqa: PLC0415 - optional engine, only where p2p is used
-    except ImportError:
-        raise P2PError("p2p needs libtorrent: install the Debian package python3-libtorrent "
-                       "(or model_fetch_transport: http).") from None
-    return libtorrent
-
-
-def torrent_facts(data):
-    """{name, private, infohash, infohash_v2, piece_size, num_pieces, files} of torrent
-    bytes (files: [(path below the root, size)], pad files left out)."""
-    lt = _lt()
-    ti = lt.torrent_info(lt.bdecode(data))
-    fs = ti.files()
-    files = []
-    for i in range(fs.num_files()):
-        if fs.file_flags(i) & lt.file_storage.flag_pad_file:
-            continue
-        path = fs.file_path(i).replace(os.sep, "/")
-        root, _sep, rel = path.partition("/")
-        files.append((rel, fs.file_size(i)))
-    hashes = ti.info_hashes()
-    return {"name": ti.name(), "private": ti.priv(), "infohash": str(hashes.v1),
-            "infohash_v2": str(hashes.v2), "piece_size": ti.piece_length(),
-            "num_pieces": ti.num_pieces(), "files": files}
-
-
-def make_torrent(model):
-    """Torrent bytes of a verified model (hub_mirror.read_model_folder's answer): hybrid
-    v1+v2, canonical file order, private, no creation date, creator or web seed (those
-    lie outside the info dict anyway): two makes of one folder give the same bytes."""
-    lt = _lt()
-    commit, files = torrent_files(model)
-    fs = lt.file_storage()
-    for path, size in files:
-        fs.add_file(f"{commit}/{path}", size)
-    ct = lt.create_torrent(fs, piece_size(sum(s for _path, s in files)),
-                           flags=lt.create_torrent.canonical_files)
-    ct.set_priv(True)
-    with tempfile.TemporaryDirectory(prefix="gpufleet-p2p-") as tmp:
-        os.symlink(model["folder"], os.path.join(tmp, commit))
-        lt.set_piece_hashes(ct, tmp)
-    entry = ct.generate()
-    for key in (b"creation date", b"created by", b"url-list", b"announce", b"comment"):
-        entry.pop(key, None)
-    return lt.bencode(entry)
-
-
 def _ip(endpoint):
     return str(endpoint[0]) if isinstance(endpoint, tuple) else str(endpoint)
-
-
-def _url_host(url):
-    if not url:
-        return None
-    from urllib.parse import urlsplit  # noqa: PLC0415
-    return urlsplit(url).hostname
 
 
 def _block_bytes(ti, piece, block, block_size=16 << 10):
@@ -463,7 +116,7 @@ def run_peer(job, log=None, progress=None):
     progress(files_placed, {peers, web_seed}) is called about once a second.
     Returns summary() plus bytes and events. Files are verified with hf_model's rule
     before they get their final name; a complete run writes dest's manifest."""
-    lt = _lt()
+    lt = load_libtorrent()
     with open(job["torrent"], "rb") as fh:
         data = fh.read()
     listing = [RepoFile(e["path"], e["size"], e["algorithm"], e["digest"], e.get("pinned"))
@@ -536,7 +189,7 @@ def run_peer(job, log=None, progress=None):
         done = set(by_path)
     by_peer = {}  # bytes of blocks received, by the sender's address
     ti = atp.ti
-    mirror_ip = _url_host(job.get("web_seed"))
+    mirror_ip = url_host(job.get("web_seed"))
     timeout = float(job.get("timeout", 600))
     deadline = start + timeout if timeout > 0 else float("inf")
     finished_at = None
@@ -652,7 +305,7 @@ def _finish(dest, job, listing, carried):
         if f.path not in carried_paths and f.size == 0:
             final = path_under(dest, f.path, final_may_be_link=True)
             os.makedirs(os.path.dirname(final), exist_ok=True)
-            with _open_nofollow(final, "wb"):
+            with open_nofollow(final, "wb"):
                 pass
             if verify_file(final, f):
                 raise P2PError(f"{f.path}: an empty file does not hash to the listing's digest.")
@@ -673,189 +326,16 @@ def cleanup(dest, commit):
         pass  # absent, or another commit's area is still there
 
 
-# ---------------------------------------------------------------- fleet wiring (model_fetch)
-
-TRANSPORTS = ("http", "p2p")
-# After a host's files are verified: seed until the rollout's end (the role's p2p_stop
-# entry point, run by playbooks/site.yml's Models play and playbooks/upgrade.yml at their
-# end; at most seed_max seconds), until told (forever: only p2p_stop with force, or a new
-# commit of the model, stops it), or not at all.
-SEED_POLICIES = ("until_rollout_end", "forever", "never")
-SEEDER_STATE = "p2p-seeder.json"  # ROOT/.gpufleet-revisions/NAME/: one seeder per model
-SEEDER_STOP = "p2p-stop"
-SEEDER_LOG = "p2p-seeder.log"
-MAX_RATE = 2 ** 40  # bytes/s: a cap above 1 TiB/s is a typo
-
-
-def _whole(value, name, low, high):
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise P2PError(f"{name} must be a whole number from {low} to {high}, not {value!r:.40}.")
-    return value
-
-
-def check_settings(transport, seed, upload_rate, download_rate, port,
-                   web_seed_hosts=WEB_SEED_HOSTS, web_seed_fallback=WEB_SEED_FALLBACK):
-    """The fleet-wide p2p settings of model_fetch (preflight): a list of problems, each
-    naming the variable and what it takes (empty: fine)."""
-    problems = []
-    try:  # the web-seed policy's own rule, on a swarm of one
-        web_seed_delay("-", ["-"], web_seed_hosts, web_seed_fallback)
-    except P2PError as exc:
-        problems.append(str(exc).rstrip("."))
-    if transport not in TRANSPORTS:
-        problems.append(f"model_fetch_transport is {transport!r:.40}: give http or p2p")
-    if seed not in SEED_POLICIES:
-        problems.append(f"model_fetch_p2p_seed is {seed!r:.40}: give one of "
-                        f"{', '.join(SEED_POLICIES)}")
-    for name, value in (("model_fetch_p2p_upload_rate", upload_rate),
-                        ("model_fetch_p2p_download_rate", download_rate)):
-        try:
-            _whole(value, name, 0, MAX_RATE)
-        except P2PError as exc:
-            problems.append(str(exc).rstrip("."))
-    try:
-        _port(port, "model_fetch_p2p_port")
-    except P2PError as exc:
-        problems.append(str(exc).rstrip("."))
-    return problems
-
-
-def _port(value, name):
-    """grammar.port (the one rule of a TCP port), as a P2PError."""
-    try:
-        return grammar.port(value, name)
-    except grammar.GrammarError as exc:
-        raise P2PError(str(exc)) from None
-
-
-def port_option(name, value, show=None):
-    """A module option's rule (options.check) for a swarm's port: grammar.port."""
-    from .options import OptionError  # noqa: PLC0415
-
-    try:
-        return grammar.port(value, name)
-    except grammar.GrammarError as exc:
-        raise OptionError(str(exc)) from None
-
-
-def model_transports(items, default):
-    """{repo_id: transport} of model_fetch's items (an item's `transport` overrides the
-    fleet's), and the problems (a transport that is neither http nor p2p)."""
-    out, problems = {}, []
-    for item in items or []:
-        transport = item.get("transport", default)
-        if transport not in TRANSPORTS:
-            problems.append(f"model {item.get('repo_id')!r:.80}: transport {transport!r:.40} "
-                            "is neither http nor p2p")
-        out[item.get("repo_id")] = transport
-    return out, problems
-
-
-def model_port(base, index):
-    """The listen port of the index-th model of model_fetch_models: one per model, the
-    same on every host (its peers dial it), so two models' seeders never share one."""
-    base = _port(base, "model_fetch_p2p_port")
-    return _port(base + int(index), f"model_fetch_p2p_port + {int(index)} (the model's place "
-                 "in model_fetch_models)")
-
-
-def fleet_addresses(hosts, hostvars):
-    """[(host, address)] of the inventory's p2p hosts and the problems: each host's fleet
-    address by the one rule other roles use (serve.reachable_address: the operator's
-    model_fetch_p2p_address, else the inventory's ansible_host, else the host's name),
-    which must be an IP address (a name would be resolved differently by each peer)."""
-    from .serve import reachable_address  # noqa: PLC0415 - plain Python, no cycle
-
-    out, problems = [], []
-    for host in hosts or []:
-        hv = hostvars.get(host, {}) if hasattr(hostvars, "get") else {}
-        addr = reachable_address("0.0.0.0", hv.get("model_fetch_p2p_address", ""),
-                                 hv.get("ansible_host", host))
-        try:
-            allow_list([addr])
-        except P2PError:
-            problems.append(f"{host}: its fleet address {addr!r:.80} is not an IP address; "
-                            "set model_fetch_p2p_address (or ansible_host) to the address "
-                            "the other GPU hosts reach it at")
-            continue
-        out.append((host, addr))
-    return out, problems
-
-
-def peer_job(opts, repo_id, endpoint):
-    """run_peer's job (without dest, listing, commit) from hf_model's p2p options: the
-    host's listen address, the other fleet hosts' addr:port, the allow-list (those and
-    the mirror) and the web seed URL (None without one), caps and timeout."""
-    listen = opts.get("listen")
-    try:
-        listen = allow_list([listen])[0]
-        fleet = allow_list(list(opts.get("peers") or []) + [listen])
-    except P2PError as exc:
-        raise P2PError(f"p2p.listen / p2p.peers: {exc}") from None
-    port = opts.get("port", DEFAULT_PORT)
-    others = [a for a in fleet if a != listen]
-    peers = [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in others]
-    seed_url = web_seed_url(endpoint, repo_id) if opts.get("web_seed", True) else None
-    mirror = opts.get("mirror_address") or (_url_host(seed_url) if seed_url else None)
-    if seed_url:
-        try:
-            allow_list([mirror])
-        except P2PError:
-            raise P2PError(f"the web seed's host {mirror!r:.80} is not an IP address: set "
-                           "model_fetch_p2p_mirror_address to the site mirror's address "
-                           "(libtorrent's filter allows addresses, not names).") from None
-    job = {"listen": listen, "port": port, "peers": peers,
-           "allow": allow_list(fleet, mirror if seed_url else None), "web_seed": seed_url,
-           "torrent": opts.get("torrent"), "infohash": opts.get("infohash") or None,
-           "upload_rate": opts.get("upload_rate", 0) or 0,
-           "download_rate": opts.get("download_rate", 0) or 0,
-           "timeout": opts.get("timeout", 3600),
-           "web_seed_delay": opts.get("web_seed_delay", 0) or 0,
-           "seed": opts.get("seed", "until_rollout_end"), "seed_max": opts.get("seed_max", 86400)}
-    for name in ("upload_rate", "download_rate"):
-        _whole(job[name], f"p2p.{name} (bytes/s, 0: no cap)", 0, MAX_RATE)
-    if isinstance(job["web_seed_delay"], bool) \
-            or not isinstance(job["web_seed_delay"], (int, float)) \
-            or not 0 <= job["web_seed_delay"] <= 86400:
-        raise P2PError(f"p2p.web_seed_delay must be a number of seconds from 0 to 86400, "
-                       f"not {job['web_seed_delay']!r:.40}.")
-    if not isinstance(job["timeout"], (int, float)) or job["timeout"] <= 0:
-        raise P2PError(f"p2p.timeout must be a number of seconds above 0, not "
-                       f"{job['timeout']!r:.40}.")
-    settings(listen, port, job["upload_rate"], job["download_rate"])  # refuses a bad port
-    return job
-
-
-def seeds_after_fetch(policy):
-    """Whether a host keeps seeding once its files are verified."""
-    if policy not in SEED_POLICIES:
-        raise P2PError(f"seed policy {policy!r:.40} is not one of {', '.join(SEED_POLICIES)}.")
-    return policy != "never"
-
-
-def stops_at_rollout_end(policy, force=False):
-    """Whether the role's p2p_stop entry point stops a seeder of this policy."""
-    return force or policy == "until_rollout_end"
-
-
-def check_plan(result, job):
-    """What check mode says about a p2p fetch: bytes from where, nothing changed."""
-    return {"transport": "p2p", "would_fetch_bytes": result.get("bytes_to_download", 0),
-            "from_peers": job.get("peers", []), "web_seed": job.get("web_seed"),
-            "web_seed_delay": job.get("web_seed_delay", 0),
-            "listen": f"{job.get('listen')}:{job.get('port')}"}
-
-
 # ---------------------------------------------------------------- fetch (hub.sync_repo's runner)
 
 def _progress_writer(path, total_files, total_bytes):
-    from .hub import _write_json_atomic  # noqa: PLC0415
+    from .hub_manifest import write_json_atomic  # noqa: PLC0415
 
     def write(files_done, verified, by_source):
         if not path:
             return
         got = int(by_source.get("peers", 0)) + int(by_source.get("web_seed", 0))
-        _write_json_atomic(path, {
+        write_json_atomic(path, {
             "files_done": files_done, "files_total": total_files,
             "bytes_downloaded": got, "bytes_verified": min(verified, total_bytes),
             "bytes_total": total_bytes, "bytes_from_peers": int(by_source.get("peers", 0)),
@@ -874,10 +354,10 @@ class Runner:
         self.job, self.repo_id, self.result = dict(job), repo_id, None
 
     def __call__(self, fetcher, plan, progress_path=None):
-        from .hub import _Stats  # noqa: PLC0415
+        from .hub_fetch import Stats  # noqa: PLC0415
 
         total = sum(f.size for f, _state in plan)
-        fetcher.stats = _Stats(fetcher.dest, len(plan), total, False)
+        fetcher.stats = Stats(fetcher.dest, len(plan), total, False)
         # the folder's layout as after an http fetch (a re-run finds what it left)
         os.makedirs(state_path(fetcher.dest, "incomplete"), exist_ok=True)
         outcome, todo = {}, []
@@ -931,205 +411,3 @@ class Runner:
                     "not complete from the swarm within the p2p timeout (peers and web seed "
                     "were asked); the next run resumes it")))
         return outcome, errors
-
-
-# ---------------------------------------------------------------- the seeder (detached)
-
-def seeder_paths(store):
-    """(state, stop, log) files of the model's seeder in its revisions store."""
-    return (os.path.join(store, SEEDER_STATE), os.path.join(store, SEEDER_STOP),
-            os.path.join(store, SEEDER_LOG))
-
-
-def _proc_start(pid, proc="/proc"):
-    try:
-        with open(f"{proc}/{int(pid)}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rpartition(")")[2].split()[19]
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def seeder_state(store, proc="/proc"):
-    """The model's seeder as its state file names it, {pid, start, commit, infohash,
-    policy, ...} with running (the pid alive with the same start time: a reused pid is not
-    ours), or None when there is no state file."""
-    state_file, _stop_file, _log_file = seeder_paths(store)
-    try:
-        with open(state_file, encoding="utf-8") as fh:
-            state = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(state, dict):
-        return None
-    start = _proc_start(state.get("pid", 0), proc)
-    state["running"] = start is not None and start == state.get("start")
-    return state
-
-
-def stop_seeder(store, wait=30.0, proc="/proc"):
-    """Tell the model's seeder to stop (its stop file) and wait for it to end; the state
-    file goes. Returns what was stopped (its state) or None when none was running."""
-    state = seeder_state(store, proc)
-    state_file, stop_file, _log_file = seeder_paths(store)
-    if state is None:
-        return None
-    if state["running"]:
-        with open(stop_file, "w", encoding="utf-8"):
-            pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _proc_start(state["pid"], proc) == state["start"]:
-            time.sleep(0.2)
-        if _proc_start(state["pid"], proc) == state["start"]:
-            raise P2PError(f"the seeder (pid {state['pid']}) did not stop within {wait:g} s of "
-                           f"its stop file {stop_file}; look at {seeder_paths(store)[2]}.")
-    for path in (state_file, stop_file):
-        if os.path.lexists(path):
-            os.unlink(path)
-    if state.get("dest") and _HEX40.match(str(state.get("commit", ""))):
-        cleanup(state["dest"], state["commit"])  # nothing seeds from it any more
-    return state if state["running"] else None
-
-
-def start_seeder(store, job):
-    """Seed job['dest'] (verified) in a detached process (its own session: it outlives
-    the module and Ansible's async job) until the stop file exists or job['timeout']
-    seconds; its state file lets the role find and stop it. Returns its state."""
-    state_file, stop_file, log_file = seeder_paths(store)
-    if os.path.lexists(stop_file):
-        os.unlink(stop_file)
-    job = dict(job, seed_only=True, stop_file=stop_file, web_seed=None)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: a new session, then the seeder as a grandchild
-        try:
-            os.close(read_end)
-            os.setsid()
-            if os.fork():
-                os._exit(0)
-            null = os.open(os.devnull, os.O_RDWR)
-            log = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-            os.dup2(null, 0)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.write(write_end, str(os.getpid()).encode())
-            # nothing of the caller's stays open (Ansible's async pipes, a test's capture)
-            os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
-
-            def say(line):  # straight to the log file (fd 1), unbuffered
-                os.write(1, f"{line}\n".encode())
-
-            try:
-                result = run_peer(job, log=say)
-                say(json.dumps({k: v for k, v in result.items() if k != "events"}))
-            except Exception as exc:  # noqa: BLE001 - the log is all that is left
-                say(f"seeder failed: {type(exc).__name__}: {exc}")
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as fh:
-        seeder = int(fh.read() or 0)
-    os.waitpid(pid, 0)
-    if not seeder:
-        raise P2PError(f"the seeder did not start; look at {log_file}.")
-    state = {"pid": seeder, "start": _proc_start(seeder), "commit": job["commit"],
-             "infohash": job.get("infohash"), "dest": job["dest"],
-             "listen": f"{job['listen']}:{job.get('port', DEFAULT_PORT)}",
-             "policy": job.get("seed", "until_rollout_end"), "log": log_file,
-             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    from .hub import _write_json_atomic  # noqa: PLC0415
-    _write_json_atomic(state_file, state)
-    return dict(state, running=True)
-
-
-def ensure_seeder(store, job, policy, check_mode=False):
-    """The model's seeder after a fetch, by policy: (changed, state). One seeder per model
-    folder: one for another commit is stopped first; one already seeding this commit is
-    left as it is (idempotent)."""
-    state = seeder_state(store)
-    if not seeds_after_fetch(policy):
-        if not check_mode and not (state and state["running"]
-                                   and state.get("dest") == job["dest"]):
-            cleanup(job["dest"], job["commit"])  # nothing will seed from the partial area
-        return False, state if state and state["running"] else None
-    if state and state["running"] and state.get("commit") == job["commit"] \
-            and state.get("infohash") == job.get("infohash"):
-        return False, state
-    if check_mode:
-        return True, None
-    if state:
-        stop_seeder(store)
-    return True, start_seeder(store, dict(job, seed=policy))
-
-
-def seeder_job(result, job):
-    """The seeder's job for a fetched folder (hf_model's result: path, commit, files)."""
-    return dict(job, dest=result["path"], commit=result["commit"],
-                listing=[{k: f[k] for k in ("path", "size", "algorithm", "digest")}
-                         for f in result["files"]],
-                timeout=job.get("seed_max", 86400) if job.get("seed") != "forever" else 0)
-
-
-def report(result, job, runner, store, policy, check_mode=False):
-    """hf_model's `p2p` result after a fetch: where the bytes came from, the peers banned
-    for bad pieces (named), and the seeder the policy leaves running. Starts the seeder
-    (not in check mode). Returns (report, changed)."""
-    if check_mode:
-        out = check_plan(result, job)
-        out["would_seed"] = seeds_after_fetch(policy)
-        return out, False
-    ran = runner.result if runner is not None else None
-    out = {"transport": "p2p", "swarm": ran is not None,
-           "bytes_from_peers": ran["bytes_by_source"]["peers"] if ran else 0,
-           "bytes_from_web_seed": ran["bytes_by_source"]["web_seed"] if ran else 0,
-           "banned_peers": ran["banned_peers"] if ran else [],
-           "blocked_peers": ran["blocked_peers"] if ran else [],
-           "hash_failures": ran["hash_failures"] if ran else 0,
-           # the web-seed policy: 0 from the start, else seconds of no peer block first
-           "web_seed_delay": job.get("web_seed_delay", 0) if job.get("web_seed") else None,
-           "web_seed_after": ran["web_seed_after"] if ran else None,
-           "web_seed_down": bool(ran) and any(e["event"] == "web_seed_down"
-                                              for e in ran["events"])}
-    changed, state = ensure_seeder(store, seeder_job(result, job), policy)
-    out["seeding"] = ({k: state[k] for k in ("pid", "commit", "listen", "policy", "log")}
-                      if state else None)
-    return out, changed
-
-
-# ---------------------------------------------------------------- the mirror's torrents
-
-def torrent_name(repo_id):
-    """File name (without extension) of a repo's torrent in the mirror's torrent folder:
-    one per repo, for the commit the mirror serves (its root names that commit)."""
-    return validate_repo_id(repo_id).replace("/", "--")
-
-
-def write_torrents(out_dir, models, check_mode=False):
-    """Torrents of the mirror's verified folders (hub_mirror.read_model_folder's answers):
-    out_dir/<org--name>.torrent and .json ({repo_id, commit, infohash, infohash_v2}),
-    written only when their bytes change (make_torrent is deterministic). Returns
-    ([{repo_id, commit, infohash, torrent, changed}], changed paths)."""
-    from .hub import _write_json_atomic  # noqa: PLC0415
-
-    out, changed = [], []
-    for model in models:
-        base = os.path.join(out_dir, torrent_name(model["repo_id"]))
-        data = make_torrent(model)
-        v1, v2 = infohashes(data)
-        facts = {"repo_id": model["repo_id"], "commit": model["commit"], "infohash": v1,
-                 "infohash_v2": v2}
-        try:
-            with open(base + ".torrent", "rb") as fh:
-                same = fh.read() == data
-        except OSError:
-            same = False
-        if not same:
-            changed.append(base + ".torrent")
-            if not check_mode:
-                os.makedirs(out_dir, mode=0o755, exist_ok=True)
-                tmp = f"{base}.torrent.tmp{os.getpid()}"
-                with open(tmp, "wb") as fh:
-                    fh.write(data)
-                os.replace(tmp, base + ".torrent")
-                _write_json_atomic(base + ".json", facts)
-        out.append(dict(facts, torrent=base + ".torrent", changed=not same))
-    return out, changed

@@ -26,7 +26,7 @@ import re
 import shutil
 import stat
 
-from . import hub
+from . import hub, hub_listing, hub_manifest, hub_names
 from . import model_lock
 
 STORE = ".gpufleet-revisions"
@@ -46,7 +46,7 @@ class Layout:
         link = os.path.abspath(dest)
         name = os.path.basename(link)
         if not name or name in (".", "..") or name.startswith(".") or \
-                hub._UNSAFE_NAME_CHARS.search(name):
+                hub_names.UNSAFE_NAME_CHARS.search(name):
             raise hub.UnsafePathError(
                 f"dest {dest!r}: its last component {name!r} cannot name a model folder "
                 "(empty, hidden, or with spaces, quotes or control characters); give a "
@@ -105,7 +105,7 @@ def served(layout):
             "again.")
     if not stat.S_ISDIR(st.st_mode):
         raise hub.HubError(f"dest {layout.link} exists and is not a directory.")
-    commit = hub.read_manifest(layout.link).get("commit")
+    commit = hub_manifest.read_manifest(layout.link).get("commit")
     return "legacy", commit if isinstance(commit, str) and _COMMIT.match(commit) else None
 
 
@@ -174,10 +174,10 @@ def seed_plan(files, old_dir, old_manifest):
     for f in files:
         entry = old_manifest.get(f.path)
         try:
-            st = os.lstat(hub.path_under(old_dir, f.path))
+            st = os.lstat(hub_names.path_under(old_dir, f.path))
         except (hub.HubError, OSError):
             continue
-        if stat.S_ISREG(st.st_mode) and hub.manifest_trusts(entry, f, st):
+        if stat.S_ISREG(st.st_mode) and hub_manifest.manifest_trusts(entry, f, st):
             plan[f.path] = entry
     return plan
 
@@ -187,8 +187,8 @@ def seed(old_dir, new_dir, plan):
     is). -> paths linked. A file system that refuses links leaves them to the fetch."""
     linked = []
     for path in sorted(plan):
-        src = hub.path_under(old_dir, path)
-        dst = hub.path_under(new_dir, path)
+        src = hub_names.path_under(old_dir, path)
+        dst = hub_names.path_under(new_dir, path)
         if os.path.lexists(dst):
             continue
         os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -209,7 +209,7 @@ def offline_ready(layout, commit, repo_id, lock=None):
     path = layout.commit_dir(commit)
     if not os.path.isdir(path) or os.path.islink(path):
         return None
-    data = hub.read_manifest(path)
+    data = hub_manifest.read_manifest(path)
     files = data.get("files")
     if not (data.get("complete") and data.get("commit") == commit
             and data.get("repo_id") == repo_id and isinstance(files, dict) and files):
@@ -220,7 +220,7 @@ def offline_ready(layout, commit, repo_id, lock=None):
         return None
     for rel, entry in files.items():
         try:
-            st = os.lstat(hub.path_under(path, hub.safe_relpath(rel)))
+            st = os.lstat(hub_names.path_under(path, hub_names.safe_relpath(rel)))
         except (hub.HubError, OSError):
             return None
         if not (isinstance(entry, dict) and stat.S_ISREG(st.st_mode)
@@ -236,8 +236,8 @@ class _Path:
 
 def write_listing(path, listing):
     """Keep every path of the commit's listing beside its verified folder."""
-    hub._write_json_atomic(hub.state_path(path, SELECTION),
-                           {"paths": sorted(f.path for f in listing)})
+    hub_manifest.write_json_atomic(hub_manifest.state_path(path, SELECTION),
+                                   {"paths": sorted(f.path for f in listing)})
 
 
 def selection_problem(path, manifest, allow_patterns=None, ignore_patterns=None):
@@ -245,17 +245,17 @@ def selection_problem(path, manifest, allow_patterns=None, ignore_patterns=None)
     listing (kept by write_listing); else why an offline rollback cannot use it. Files it
     holds beyond them stay, as an online fetch with narrower patterns leaves them (hub's
     leftovers: verified files of an earlier run with other patterns are kept)."""
-    data = hub.read_manifest(path) if manifest is None else manifest
+    data = hub_manifest.read_manifest(path) if manifest is None else manifest
     try:
-        with open(hub.state_path(path, SELECTION), encoding="utf-8") as fh:
+        with open(hub_manifest.state_path(path, SELECTION), encoding="utf-8") as fh:
             paths = json.load(fh)["paths"]
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise ValueError("not a list of paths")
     except (OSError, ValueError, KeyError, TypeError):
         return ("its folder does not keep the commit's file list (fetched before gpufleet "
                 "kept one), so allow_patterns/ignore_patterns cannot be checked offline")
-    selected = {f.path for f in hub.filter_files([_Path(p) for p in paths], allow_patterns,
-                                                 ignore_patterns)}
+    selected = {f.path for f in hub_listing.filter_files([_Path(p) for p in paths], allow_patterns,
+                                                         ignore_patterns)}
     lacks = sorted(selected - set(data.get("files") or {}))
     if not lacks:
         return None
@@ -299,7 +299,7 @@ def mounted_commits(layout, proc="/proc"):
 
 def _busy(path):
     """A fetch holds this commit folder's lock (hub._Lock)."""
-    lock = os.path.join(path, hub.STATE_DIR, "lock")
+    lock = os.path.join(path, hub_names.STATE_DIR, "lock")
     try:  # read-only, never created: check mode writes nothing
         fh = open(lock, "rb")  # pylint: disable=consider-using-with
     except OSError:
@@ -340,10 +340,10 @@ def revisions_in(layout):
         if not (_COMMIT.match(name) and stat.S_ISDIR(st.st_mode)):
             continue
         try:
-            when = os.lstat(os.path.join(path, hub.STATE_DIR, hub.MANIFEST_NAME)).st_mtime
+            when = os.lstat(os.path.join(path, hub_names.STATE_DIR, hub_manifest.MANIFEST_NAME)).st_mtime
         except OSError:
             when = st.st_mtime
-        out.append((name, (bool(hub.read_manifest(path).get("complete")), when)))
+        out.append((name, (bool(hub_manifest.read_manifest(path).get("complete")), when)))
     return out
 
 
@@ -373,7 +373,7 @@ def sync_revision(client, repo_id, revision, dest, keep=KEEP_MIN, pinned=(),
     hub.HubError; on a failure after the fetch started, DEST and its folder are as they
     were (the message says so).
     """
-    hub.validate_repo_id(repo_id)
+    hub_names.validate_repo_id(repo_id)
     if not isinstance(keep, int) or not KEEP_MIN <= keep <= KEEP_MAX:
         raise hub.HubError(f"revisions_keep must be from {KEEP_MIN} to {KEEP_MAX} (the served "
                            f"commit and the previous one at least), not {keep!r}.")
@@ -383,7 +383,7 @@ def sync_revision(client, repo_id, revision, dest, keep=KEEP_MIN, pinned=(),
             lock = model_lock.parse_lock(lock)
         except model_lock.LockError as exc:
             raise hub.LockMismatchError(str(exc)) from None
-    hub.validate_name(revision or "main", "revision")
+    hub_names.validate_name(revision or "main", "revision")
     layout = Layout(dest)
     check_store(layout)
     kind, current = served(layout)
@@ -438,9 +438,9 @@ def _online(client, repo_id, revision, layout, kind, current, keep, pinned, chec
         result["changed"] = bool(result["changed"] or extra["migrated"] or result["pruned"])
         return result
 
-    files = hub.filter_files(listing, fetch.get("allow_patterns"),
-                             fetch.get("ignore_patterns"))
-    old_manifest = hub.load_manifest(old_dir) if old_dir else {}
+    files = hub_listing.filter_files(listing, fetch.get("allow_patterns"),
+                                     fetch.get("ignore_patterns"))
+    old_manifest = hub_manifest.load_manifest(old_dir) if old_dir else {}
     plan = seed_plan(files, old_dir, old_manifest)
     if check_mode:
         result = hub.sync_repo(client, repo_id, revision, new_dir, check_mode=True, **kw)
@@ -454,13 +454,13 @@ def _online(client, repo_id, revision, layout, kind, current, keep, pinned, chec
         extra.update(linked=sorted(plan), pruned=[])
         result.update(extra, path=new_dir, changed=True)
         return result
-    os.makedirs(os.path.join(new_dir, hub.STATE_DIR), exist_ok=True)
+    os.makedirs(os.path.join(new_dir, hub_names.STATE_DIR), exist_ok=True)
     linked = seed(old_dir, new_dir, plan) if plan else []
     if linked:  # the linked files are the served commit's verified bytes: trusted as such
-        entries = dict(hub.load_manifest(new_dir))
+        entries = dict(hub_manifest.load_manifest(new_dir))
         entries.update({p: plan[p] for p in linked})
-        hub.write_manifest(new_dir, repo_id, revision, commit, client.endpoint, entries,
-                           complete=False)
+        hub_manifest.write_manifest(new_dir, repo_id, revision, commit, client.endpoint, entries,
+                                    complete=False)
     extra["linked"] = linked
     try:
         result = hub.sync_repo(client, repo_id, revision, new_dir,
@@ -492,7 +492,7 @@ def diff(dest, result):
 def _offline(layout, commit, current, keep, pinned, check_mode, proc, extra):
     """Re-point DEST to a complete commit folder (a rollback): no request to the mirror."""
     path = layout.commit_dir(commit)
-    data = hub.read_manifest(path)
+    data = hub_manifest.read_manifest(path)
     if not check_mode:
         flip(layout, commit)
     extra.update(switched=not check_mode, offline=True)
@@ -503,5 +503,5 @@ def _offline(layout, commit, current, keep, pinned, check_mode, proc, extra):
     return {**extra, "changed": True, "commit": commit, "path": path,
             "files": files, "bytes_to_download": 0, "bytes_downloaded": 0,
             "bytes_verified": 0, "quarantined": [], "removed": [],
-            "manifest": hub.state_path(path, hub.MANIFEST_NAME),
+            "manifest": hub_manifest.state_path(path, hub_manifest.MANIFEST_NAME),
             "pruned": prune(layout, keep, {commit, current} | pinned, check_mode, proc)}
