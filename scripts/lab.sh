@@ -12,6 +12,9 @@
 # inventory, .cache/fleet/hosts.yml, written by lab/fleet.py):
 #   scripts/lab.sh fleet-up --hosts N   N lightweight hosts of the lab's profiles (driver,
 #                                       container runtime, the tiny model; nothing served)
+#       [--hosts-only]                  only the hosts: no lab models, vLLM image or mirrors
+#                                       (for a bench that brings its own mirror, e.g.
+#                                       tests/bench/bench_fanout.py --fleet-lab)
 #   scripts/lab.sh fleet-run [ARGS]     site.yml on them (ARGS go to ansible-playbook)
 #   scripts/lab.sh fleet-down           remove them
 #
@@ -105,18 +108,23 @@ fleet_down() {
 }
 
 fleet_up() {
-  local n=""
+  local n="" hosts_only=""
   while (($#)); do
     case "$1" in
       --hosts) n=${2:-}; shift 2 || die "--hosts needs a number" ;;
       --hosts=*) n=${1#--hosts=}; shift ;;
-      *) die "fleet-up: unknown argument $1 (usage: scripts/lab.sh fleet-up --hosts N)" ;;
+      --hosts-only) hosts_only=1; shift ;;
+      *) die "fleet-up: unknown argument $1 (usage: scripts/lab.sh fleet-up --hosts N [--hosts-only])" ;;
     esac
   done
-  [[ "$n" =~ ^[0-9]+$ ]] || die "usage: scripts/lab.sh fleet-up --hosts N"
+  [[ "$n" =~ ^[0-9]+$ ]] || die "usage: scripts/lab.sh fleet-up --hosts N [--hosts-only]"
   bash scripts/setup.sh
-  images
-  services_up
+  if [[ -n "$hosts_only" ]]; then
+    build_lab_host_image
+  else
+    images
+    services_up
+  fi
   python3 lab/fleet.py --hosts "$n" --dir "$FLEET_DIR" >/dev/null
   # hosts of an earlier, larger fleet
   local keep c
@@ -148,5 +156,5 @@ case "${1:-}" in
     ansible-playbook -i "$FLEET_INVENTORY" site.yml "$@"
     ;;
   fleet-down) fleet_down ;;
-  *) die "usage: scripts/lab.sh run|up|down|images|fleet-up --hosts N|fleet-run|fleet-down" ;;
+  *) die "usage: scripts/lab.sh run|up|down|images|fleet-up --hosts N [--hosts-only]|fleet-run|fleet-down" ;;
 esac

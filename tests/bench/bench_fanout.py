@@ -21,12 +21,28 @@ Real software throughout, on this machine's loopback:
   listing, each file hashed). Every host must end with every file verified (run_peer's
   hf_model rule before a file's final name, then the manifest; sync_repo's own).
 
-Not the fleet lab's containers (scripts/lab.sh fleet-up): 25 systemd hosts with sshd and
-Ansible beside 25 swarm sessions do not fit this 2-core machine's CPU; what is measured
-here is the transfer, which is the same engine code either way.
+With --fleet-lab the hosts are the fleet lab's containers instead (scripts/lab.sh fleet-up
+--hosts N, at least the largest N; the first N of its inventory for each row), and each
+row is the real role: `ansible-playbook` running gpufleet.fleet.model_fetch (hf_model,
+transport p2p or http) over SSH on those N hosts, each fetching into its own filesystem
+(model_fetch_root /srv/gpufleet-fanout in its container, the same path on every host, as
+in a real fleet) as root. The
+lab's hosts share this machine's network (playbooks/lab.yml: network_mode host), so each
+p2p host listens on its own loopback address (model_fetch_p2p_address 127.0.0.(20 + i))
+and the same htb class on `lo` caps the mirror. The torrent is made on a `mirror` host
+(connection local) by hf_mirror_index, as hf_site_mirror does; nginx serves that site.
+Each row prints two walls: the hosts' (the mirror's first request of the row, seen in its
+access log, to the latest manifest.json a host wrote: every file verified) and the
+playbook's (ansible-playbook's whole run: SSH, facts, the role's checks, the async
+polling). Before the rows, python3-libtorrent and python3-requests are installed on the
+hosts (what the role would do on its first p2p run), and after each p2p row the role's
+p2p_stop entry point ends the seeders (not timed).
 
     sudo true && flock /tmp/gpufleet-lab.lock env PYTHONPATH=plugins/module_utils:tests:tests/bench \\
         .venv/bin/python tests/bench/bench_fanout.py [--hosts 1,3,10,25] [--mib 64] [--rate-mib 4]
+    flock /tmp/gpufleet-lab.lock bash -c 'scripts/lab.sh fleet-up --hosts 25 --hosts-only &&
+        env PYTHONPATH=plugins/module_utils:tests:tests/bench .venv/bin/python
+        tests/bench/bench_fanout.py --fleet-lab; rc=$?; scripts/lab.sh fleet-down; exit $rc'
 
 Needs root (tc), nginx and /usr/bin/python3 with python3-libtorrent (scripts/setup.sh).
 Prints one table: N, mode, mirror egress bytes, egress / model size, wall seconds until
@@ -44,7 +60,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+
+import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -170,6 +189,196 @@ def run_http(work, n, url):
     return time.monotonic() - t0, {}
 
 
+# --- --fleet-lab: the fleet lab's containers, the role through ansible-playbook ----------
+FLEET_INVENTORY = ROOT / ".cache/fleet/hosts.yml"  # scripts/lab.sh fleet-up writes it
+FLEET_GROUP_VARS = ROOT / "inventories/lab_fleet/group_vars"
+LAB_KEY = ROOT / ".cache/lab/id_ed25519"
+# model_fetch_root for the bench: one path in every host's own filesystem (the lab's
+# default, /var/lib/gpufleet-lab/<host>/models, differs per host, and model_fetch runs
+# hosts whose model items differ one after the other: docs/model-fetch.md)
+FLEET_MODEL_ROOT = "/srv/gpufleet-fanout"
+FLEET_PLAYS = {
+    "mirror.yml": """
+- name: Mirror | Publish the folder and make its torrent (as hf_site_mirror does)
+  hosts: mirror
+  gather_facts: false
+  tasks:
+    - name: Mirror | Publish
+      gpufleet.fleet.hf_mirror_index:
+        root: "{{ site }}"
+        models: [{path: "{{ folder }}"}]
+        torrents: "{{ torrents }}"
+""",
+    "fetch.yml": """
+- name: Models | Fetch
+  hosts: "{{ fetchers }}"
+  gather_facts: false
+  become: true  # as playbooks/site.yml's Models play
+  roles:
+    - role: gpufleet.fleet.model_fetch
+""",
+    "stop.yml": """
+- name: Models | Stop the seeders
+  hosts: "{{ fetchers }}"
+  gather_facts: false
+  become: true
+  tasks:
+    - name: Models | Stop
+      ansible.builtin.include_role:
+        name: gpufleet.fleet.model_fetch
+        tasks_from: p2p_stop
+""",
+}
+
+
+class FirstRequest:
+    """When the mirror answered its first request after start(): its access log grows
+    (nginx writes a line when a request ends; the first of a row is a listing, a few KB)."""
+
+    def __init__(self, log):
+        self.log, self.at, self._stop = pathlib.Path(log), None, threading.Event()
+
+    def _size(self):
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def __enter__(self):
+        size = self._size()
+
+        def watch():
+            while not self._stop.is_set() and self.at is None:
+                if self._size() > size:
+                    self.at = time.time()
+                time.sleep(0.02)
+        self._thread = threading.Thread(target=watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+class FleetLab:
+    """The fleet lab's first hosts as the bench's inventory: the lab's own group_vars (SSH,
+    become, model_fetch_root), a loopback address of its own per host for the swarm, a
+    group fan_N per fleet size, and the `mirror` host (local) where the torrent is made."""
+
+    def __init__(self, work, sizes):
+        if not FLEET_INVENTORY.exists():
+            raise SystemExit("no fleet lab: scripts/lab.sh fleet-up --hosts N first")
+        lab = yaml.safe_load(FLEET_INVENTORY.read_text())
+        hosts = lab["all"]["children"]["fleet_hosts"]["children"]["gpu_hosts"]["hosts"]
+        self.hosts = list(hosts)
+        if len(self.hosts) < max(sizes):
+            raise SystemExit(f"the fleet lab has {len(self.hosts)} hosts, the bench needs "
+                             f"{max(sizes)}: scripts/lab.sh fleet-up --hosts {max(sizes)}")
+        self.work = work
+        inv_dir = work / "inventory"
+        inv_dir.mkdir()
+        (inv_dir / "group_vars").symlink_to(FLEET_GROUP_VARS)
+        gpu = {h: {**hosts[h], "model_fetch_p2p_address": addr(i),
+                   "ansible_ssh_private_key_file": str(LAB_KEY)}
+               for i, h in enumerate(self.hosts[:max(sizes)])}
+        self.inventory = inv_dir / "hosts.yml"
+        self.inventory.write_text(yaml.safe_dump({"all": {
+            "hosts": {"mirror": {"ansible_connection": "local",
+                                 "ansible_python_interpreter": SYS_PYTHON}},
+            "children": {
+                "fleet_hosts": {"children": {"gpu_hosts": {"hosts": gpu}}},
+                **{f"fan_{n}": {"hosts": {h: {} for h in self.hosts[:n]}} for n in sizes}}}},
+            sort_keys=False))
+        for name, text in FLEET_PLAYS.items():
+            (work / name).write_text(text)
+        self.env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+                        ANSIBLE_CACHE_PLUGIN="memory", ANSIBLE_FORCE_COLOR="0",
+                        PATH=f"{ROOT / '.venv/bin'}:{os.environ['PATH']}")
+
+    def ansible(self, args, log, extra=None, json_out=False):
+        env = dict(self.env, ANSIBLE_STDOUT_CALLBACK="json") if json_out else self.env
+        cmd = [*args, "-i", str(self.inventory)] + (["-e", json.dumps(extra)] if extra else [])
+        t0 = time.monotonic()
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=TIMEOUT)
+        seconds = time.monotonic() - t0
+        (self.work / log).write_text(out.stdout + out.stderr)
+        if out.returncode:
+            raise SystemExit(f"{' '.join(args[:2])} failed (rc {out.returncode}), "
+                             f"{self.work / log}:\n{(out.stdout + out.stderr)[-3000:]}")
+        return seconds, out.stdout
+
+    def prepare(self, n, site, folder, torrents):
+        """The torrent on the mirror host; the engine's packages on the first n hosts."""
+        self.ansible(["ansible-playbook", str(self.work / "mirror.yml")], "mirror.log",
+                     {"site": str(site), "folder": str(folder), "torrents": str(torrents)})
+        seconds, _ = self.ansible(
+            ["ansible", f"fan_{n}", "-b", "-m", "ansible.builtin.apt", "-a",
+             "name=python3-libtorrent,python3-requests update_cache=true cache_valid_time=3600"],
+            "packages.log")
+        return seconds
+
+    def _root(self, host):
+        """The host's own filesystem, seen from this machine: /proc/<its PID 1>/root."""
+        pid = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", f"gpufleet-{host}"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        return pathlib.Path(f"/proc/{pid}/root")
+
+    def dest(self, host):
+        """The host's model folder (dest, a link to its commit folder), resolved in the
+        host's own filesystem (an absolute link names a path of the host, not of this
+        machine)."""
+        root = self._root(host)
+        link = root / FLEET_MODEL_ROOT.lstrip("/") / REPO
+        if not link.is_symlink():
+            return link
+        target = os.readlink(link)
+        return (root / target.lstrip("/")) if target.startswith("/") else link.parent / target
+
+    def clear(self, hosts):
+        for h in hosts:
+            shutil.rmtree(self._root(h) / FLEET_MODEL_ROOT.lstrip("/"), ignore_errors=True)
+
+    def run(self, n, mode, url, access, torrents, fallback, model):
+        """One row: model_fetch on the first n hosts; (hosts' wall, playbook's wall, web
+        seed bytes by host)."""
+        hosts = self.hosts[:n]
+        self.clear(self.hosts)
+        extra = {"fetchers": f"fan_{n}", "model_fetch_transport": mode,
+                 "model_fetch_models": [{"repo_id": REPO, "transport": mode}],
+                 "model_fetch_endpoint": url, "model_fetch_p2p_group": f"fan_{n}",
+                 "model_fetch_root": FLEET_MODEL_ROOT,
+                 "model_fetch_p2p_mirror_host": "mirror",
+                 "model_fetch_p2p_torrent_dir": str(torrents),
+                 "model_fetch_p2p_port": free_port(),
+                 "model_fetch_p2p_web_seed_fallback": fallback}
+        with FirstRequest(access) as first:
+            playbook, out = self.ansible(["ansible-playbook", str(self.work / "fetch.yml")],
+                                         f"fetch-{mode}-{n}.log", extra, json_out=True)
+        seeded = {}
+        if mode == "p2p":
+            report, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])
+            for play in report["plays"]:
+                for task in play["tasks"]:
+                    for h, res in task["hosts"].items():
+                        got = (res.get("p2p") or {}).get("bytes_from_web_seed")
+                        if isinstance(got, int) and got:
+                            seeded[h] = got
+            self.ansible(["ansible-playbook", str(self.work / "stop.yml")],
+                         f"stop-{n}.log", extra)
+        ends = []
+        for h in hosts:  # every host's folder: hf_model's rule on every file, again
+            folder = self.dest(h)
+            manifest = folder / ".gpufleet" / "manifest.json"
+            if not manifest.exists():
+                raise SystemExit(f"{mode} N={n}: {h} has no manifest")
+            ends.append(manifest.stat().st_mtime)
+            again = hub_mirror.read_model_folder(str(folder), REPO)
+            if again["commit"] != model["commit"]:
+                raise SystemExit(f"{mode} N={n}: {h}'s folder does not verify")
+        if first.at is None:
+            raise SystemExit(f"{mode} N={n}: the mirror saw no request")
+        return max(ends) - first.at, playbook, seeded
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", default="1,3,10,25", help="fleet sizes, comma-separated")
@@ -180,6 +389,8 @@ def main():
                     help="model_fetch_p2p_web_seed_fallback (seconds)")
     ap.add_argument("--modes", default="p2p,http")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--fleet-lab", action="store_true",
+                    help="hosts: the fleet lab's containers, through the model_fetch role")
     args = ap.parse_args()
     sizes = [int(x) for x in args.hosts.split(",")]
     modes = args.modes.split(",")
@@ -200,6 +411,11 @@ def main():
         conf = publish(work, folder, port)
         access = work / "access.log"
         rate = int(args.rate_mib * (1 << 20))
+        lab = FleetLab(work, sizes) if args.fleet_lab else None
+        if lab:
+            seconds = lab.prepare(max(sizes), work / "site", folder, work / "torrents")
+            print(f"fleet lab: {', '.join(lab.hosts[:max(sizes)])}; python3-libtorrent and "
+                  f"python3-requests on them in {seconds:.0f} s (not timed below)", flush=True)
         print(f"model {total} bytes ({len(model['files'])} files), mirror uplink {rate} B/s "
               f"(tc htb class on lo, sport {port}), sizes {sizes}, modes {modes}", flush=True)
         with Nginx(work / "nginx", conf, access_log=access) as nginx, Uplink(port, rate):
@@ -209,7 +425,11 @@ def main():
                     run_dir = work / f"{mode}-{n}"
                     run_dir.mkdir()
                     before = nginx.egress()
-                    if mode == "p2p":
+                    playbook = None
+                    if lab:
+                        wall, playbook, seeded = lab.run(n, mode, url, access, work / "torrents",
+                                                         args.fallback, model)
+                    elif mode == "p2p":
                         wall, seeded = run_p2p(run_dir, n, torrent, model,
                                                p2p_swarm.web_seed_url(url, REPO), args.fallback)
                     else:
@@ -217,14 +437,20 @@ def main():
                     time.sleep(0.5)  # nginx logs a request when it ends
                     egress = nginx.egress() - before
                     rows.append({"n": n, "mode": mode, "egress": egress, "wall": wall,
-                                 "seeded": seeded})
+                                 "playbook": playbook, "seeded": seeded})
                     print(f"  N={n:3d} {mode:4s} egress {egress:>12d} B "
-                          f"({egress / total:5.2f}x)  wall {wall:7.1f} s  web seed used by "
+                          f"({egress / total:5.2f}x)  wall {wall:7.1f} s  "
+                          + (f"playbook {playbook:7.1f} s  " if lab else "") + "web seed used by "
                           + (", ".join(f"{h} ({b} B)" for h, b in seeded.items())
                              or ("-" if mode == "p2p" else "every host (http)")), flush=True)
                     if not args.keep:
                         shutil.rmtree(run_dir, ignore_errors=True)
     finally:
+        if lab and not args.keep:
+            try:
+                lab.clear(lab.hosts)
+            except subprocess.CalledProcessError:
+                pass  # the hosts are gone already
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -232,11 +458,16 @@ def main():
     print(f"\nmodel {total} bytes; mirror uplink {rate} B/s ({args.rate_mib:g} MiB/s) in all; "
           f"web-seed policy: {p2p_swarm.WEB_SEED_HOSTS} host from the start, the others after "
           f"{args.fallback:g} s without a peer's block\n")
-    print(f"| N | mode | mirror egress (bytes) | egress / model | wall s | wall / N={min(sizes)} |")
-    print("|---|---|---|---|---|---|")
+    lab_cols = args.fleet_lab  # the playbook's own wall beside the hosts'
+    print(f"| N | mode | mirror egress (bytes) | egress / model | wall s | wall / N={min(sizes)} |"
+          + (f" playbook s | playbook / N={min(sizes)} |" if lab_cols else ""))
+    print("|---|---|---|---|---|---|" + ("---|---|" if lab_cols else ""))
+    pbase = {r["mode"]: r["playbook"] for r in rows if r["n"] == min(sizes)}
     for r in rows:
         print(f"| {r['n']} | {r['mode']} | {r['egress']} | {r['egress'] / total:.2f}x | "
-              f"{r['wall']:.1f} | {r['wall'] / base[r['mode']]:.2f}x |")
+              f"{r['wall']:.1f} | {r['wall'] / base[r['mode']]:.2f}x |"
+              + (f" {r['playbook']:.1f} | {r['playbook'] / pbase[r['mode']]:.2f}x |"
+                 if lab_cols else ""))
     p2p_rows = [r for r in rows if r["mode"] == "p2p"]
     ok = all(r["egress"] <= 1.5 * total for r in p2p_rows)
     if p2p_rows:

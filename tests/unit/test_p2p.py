@@ -187,6 +187,40 @@ def test_verify_file_uses_hf_models_rule(tmp_path):
     assert "the lock pins" in p2p.verify_file(tmp_path / "f", pinned)
 
 
+def test_a_completed_file_not_yet_in_its_file_is_looked_at_again_after_a_flush(tmp_path):
+    """libtorrent can count a piece as had while its bytes are still in its store buffer:
+    the file is rejected only if it still fails after a flush and FLUSH_GRACE seconds."""
+    data = b"the verified bytes"
+    part = tmp_path / "f"
+    part.write_bytes(b"\0" * len(data))  # not written yet
+    flushes = []
+
+    def flush():  # libtorrent writes its buffer out
+        flushes.append(1)
+        part.write_bytes(data)
+
+    seen = {}
+    f = _rf("f", data)
+    assert p2p.check_completed(part, f, seen, 100.0, flush) == "retry"
+    assert flushes == [1]
+    assert p2p.check_completed(part, f, seen, 100.5, flush) == "retry"  # once a second
+    assert p2p.check_completed(part, f, seen, 101.0, flush) is None
+    assert flushes == [1]
+
+
+def test_a_completed_file_that_stays_wrong_is_rejected_after_the_grace(tmp_path):
+    part = tmp_path / "f"
+    part.write_bytes(b"hellO")
+    seen, f, flushes = {}, _rf("f", b"hello"), []
+    looks = [p2p.check_completed(part, f, seen, 100.0 + t, lambda: flushes.append(1))
+             for t in range(int(p2p.FLUSH_GRACE) + 1)]
+    assert looks[:-1] == ["retry"] * int(p2p.FLUSH_GRACE)
+    assert "sha1" in looks[-1] and "the listing gives" in looks[-1]
+    assert len(flushes) == int(p2p.FLUSH_GRACE)
+    # a grace of 0: rejected at the first look, as before
+    assert "sha1" in p2p.check_completed(part, f, {}, 0.0, lambda: None, grace=0)
+
+
 def test_place_file_links_into_place_and_refuses_links_in_dest(tmp_path):
     dest, part = tmp_path / "dest", tmp_path / "part"
     dest.mkdir()

@@ -1,8 +1,7 @@
 """Peer-to-peer fan-out of verified model folders over BitTorrent (libtorrent).
 
 The engine is libtorrent (Debian 12 ``python3-libtorrent`` 2.0.8 on the hosts; see
-docs/model-fetch.md, "Peer-to-peer fan-out"). This module holds the decisions in plain
-Python (importable without Ansible and without libtorrent):
+docs/model-fetch.md, "Peer-to-peer fan-out"). The decisions are plain
 Python (importable without Ansible and without libtorrent). This file holds the engine
 (:func:`run_peer`, one host's session), hub.sync_repo's runner (:class:`Runner`) and the
 file checks:
@@ -36,6 +35,9 @@ __all__ = ["P2PError", "WebSeedDown", "P2P_DIR", "Runner", "cleanup", "partial_r
            "place_file", "run_peer", "summary", "verify_file"]
 
 P2P_DIR = "p2p"  # dest/.gpufleet/p2p/<commit>/...: libtorrent's storage (partial area)
+# seconds a file libtorrent calls complete may fail hf_model's check, its cache flushed and
+# the file looked at again once a second, before it is rejected (check_completed)
+FLUSH_GRACE = 5.0
 
 
 # ---------------------------------------------------------------- files
@@ -59,6 +61,28 @@ def verify_file(path, f):
     if pinned is not None and pinned != f.pinned:
         return f"{f.path}: sha256 {pinned}, the lock pins {f.pinned}"
     return None
+
+
+def check_completed(partial, f, seen, now, flush, grace=FLUSH_GRACE):
+    """hf_model's rule on a file whose every piece libtorrent has: None (verified), "retry"
+    (look again later) or why it is rejected. libtorrent 2.0 hashes a piece from its store
+    buffer, so the piece can count as had before its bytes are in the file (seen in the
+    fleet lab, 25 hosts on two loaded cores: a file whose pieces all passed failed the
+    listing's sha1): a mismatch flushes libtorrent's cache (`flush`) and the file is looked
+    at again, at most once a second, for `grace` seconds; only then is it rejected. `seen`
+    (path -> (first mismatch, last look)) is the caller's, one per session."""
+    last = seen.get(f.path)
+    if last is not None and now - last[1] < 1.0:
+        return "retry"
+    bad = verify_file(partial, f)
+    if bad is None:
+        return None
+    first = last[0] if last else now
+    if now - first >= grace:
+        return bad
+    flush()
+    seen[f.path] = (first, now)
+    return "retry"
 
 
 def place_file(dest, partial, f):
@@ -185,6 +209,7 @@ def run_peer(job, log=None, progress=None):
         index[i] = rel
     by_path = {f.path: f for f in carried}
     done, rejected = set(), set()
+    rechecks = {}  # check_completed's looks at files that did not verify yet
     if job.get("seed_only"):
         done = set(by_path)
     by_peer = {}  # bytes of blocks received, by the sender's address
@@ -225,7 +250,9 @@ def run_peer(job, log=None, progress=None):
             if f is None or rel in done or rel in rejected:
                 continue
             partial = path_under(os.path.join(save, job["commit"]), rel)
-            bad = verify_file(partial, f)
+            bad = check_completed(partial, f, rechecks, time.monotonic(), h.flush_cache)
+            if bad == "retry":
+                continue
             if bad:
                 rejected.add(rel)
                 note("rejected", path=rel, why=bad)
