@@ -8,6 +8,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -89,9 +90,23 @@ def _ansible(module_args, env=None, **popen):
                             stderr=subprocess.STDOUT, text=True, **popen)
 
 
-def _kill_tree(proc):
+def _holders(root):
+    """Pids of the processes with a file open under root (from /proc: no procps)."""
+    pids = set()
+    for fd in pathlib.Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            if os.readlink(fd).startswith(str(root) + "/"):
+                pids.add(int(fd.parts[2]))
+        except (OSError, ValueError):
+            continue
+    return pids - {os.getpid()}
+
+
+def _kill_tree(proc, root):
     """SIGKILL proc and every descendant (ansible's local connection runs the module in
-    its own session, so a process-group kill misses it)."""
+    its own session, so a process-group kill misses it), then every process still holding
+    a file under root: a module started between the look at /proc and the kill escapes
+    the tree (its parent dies, it is re-parented) and would keep dest's fetch lock."""
     children = {}
     for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -123,6 +138,41 @@ def _kill_tree(proc):
             if state == "Z":
                 break
             time.sleep(0.05)
+    while time.monotonic() < deadline:
+        left = _holders(root)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"processes {sorted(_holders(root))} still hold files under {root}")
+
+
+def test_kill_tree_also_stops_a_process_that_escaped_the_tree(tmp_path):
+    """A process holding dest's fetch lock outside the killed tree (re-parented when its
+    parent died before the tree was read) is killed too, so the next run gets the lock
+    (CI, 2026-12-07: "another fetch is writing into ..." right after the kill)."""
+    import fcntl
+
+    lock = tmp_path / "lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+         str(lock)], stdout=subprocess.PIPE, text=True)
+    tree = subprocess.Popen(["sleep", "60"])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        _kill_tree(tree, tmp_path)
+        holder.wait(timeout=10)
+        with open(lock, "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while it is held
+    finally:
+        holder.kill()
+        tree.kill()
 
 
 def test_token_never_appears_in_output_log_or_files(stub, tmp_path):
@@ -168,7 +218,7 @@ def test_kill_halfway_then_resume_downloads_less(tmp_path, monkeypatch):
             else:
                 pytest.fail("the download never reached half")
         finally:
-            _kill_tree(proc)
+            _kill_tree(proc, tmp_path)
         assert not (dest / "model.safetensors").exists()  # never under its final name
         kept = max(p.stat().st_size for p in incomplete.glob("*.incomplete"))
         assert kept >= len(big) // 2
