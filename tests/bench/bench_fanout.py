@@ -70,6 +70,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 from bench_fetch import COMMIT, REPO, make_model, publish  # noqa: E402  (one model maker)
 from gpufleet import hub_mirror, p2p_swarm  # noqa: E402
 from hfstub.nginxlab import Nginx, free_port  # noqa: E402
+from hfstub.p2pplays import p2p_plays  # noqa: E402
 
 PEER = ROOT / "tests/hfstub/p2ppeer.py"
 SYS_PYTHON = "/usr/bin/python3"
@@ -197,38 +198,7 @@ LAB_KEY = ROOT / ".cache/lab/id_ed25519"
 # default, /var/lib/gpufleet-lab/<host>/models, differs per host, and model_fetch runs
 # hosts whose model items differ one after the other: docs/model-fetch.md)
 FLEET_MODEL_ROOT = "/srv/gpufleet-fanout"
-FLEET_PLAYS = {
-    "mirror.yml": """
-- name: Mirror | Publish the folder and make its torrent (as hf_site_mirror does)
-  hosts: mirror
-  gather_facts: false
-  tasks:
-    - name: Mirror | Publish
-      gpufleet.fleet.hf_mirror_index:
-        root: "{{ site }}"
-        models: [{path: "{{ folder }}"}]
-        torrents: "{{ torrents }}"
-""",
-    "fetch.yml": """
-- name: Models | Fetch
-  hosts: "{{ fetchers }}"
-  gather_facts: false
-  become: true  # as playbooks/site.yml's Models play
-  roles:
-    - role: gpufleet.fleet.model_fetch
-""",
-    "stop.yml": """
-- name: Models | Stop the seeders
-  hosts: "{{ fetchers }}"
-  gather_facts: false
-  become: true
-  tasks:
-    - name: Models | Stop
-      ansible.builtin.include_role:
-        name: gpufleet.fleet.model_fetch
-        tasks_from: p2p_stop
-""",
-}
+FLEET_PLAYS = p2p_plays(become=True)
 
 
 class FirstRequest:

@@ -32,6 +32,7 @@ from gpufleet import hub, hub_client, hub_mirror, p2p, p2p_seeder, p2p_torrent
 from helpers import run_playbook
 from hfstub.badpeer import BadPeer
 from hfstub.nginxlab import Nginx, free_port, render_site_conf
+from hfstub.p2pplays import p2p_plays
 from hfstub.server import HubStub, Repo
 
 pytestmark = pytest.mark.slow
@@ -68,36 +69,7 @@ def _inventory(tmp):
     return path
 
 
-PLAYS = {
-    "mirror.yml": """
-- name: Mirror | Publish the folder and make its torrent
-  hosts: mirror
-  gather_facts: false
-  tasks:
-    - name: Mirror | Publish
-      gpufleet.fleet.hf_mirror_index:
-        root: "{{ site }}"
-        models: [{path: "{{ folder }}"}]
-        torrents: "{{ torrents }}"
-""",
-    "fetch.yml": """
-- name: Models | Fetch
-  hosts: "{{ fetchers }}"
-  gather_facts: false
-  roles:
-    - role: gpufleet.fleet.model_fetch
-""",
-    "stop.yml": """
-- name: Models | Stop the seeders
-  hosts: gpu_hosts
-  gather_facts: false
-  tasks:
-    - name: Models | Stop
-      ansible.builtin.include_role:
-        name: gpufleet.fleet.model_fetch
-        tasks_from: p2p_stop
-""",
-}
+PLAYS = p2p_plays(stop_hosts="gpu_hosts")
 
 
 def _check_folder(link, model):
