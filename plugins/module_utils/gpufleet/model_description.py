@@ -18,7 +18,21 @@ from dataclasses import dataclass, fields
 
 from .model_fields import ModelError
 
-__all__ = ["ModelDescription", "ModelDescriptionError"]
+__all__ = ["ModelDescription", "ModelDescriptionError", "check_fields"]
+
+
+def check_fields(record, types, sequences, error, label):
+    """The check every typed record of module_utils runs at construction: each field of
+    `types` is an instance of its allowed types (a bool is not an int unless bool is
+    allowed), each field of `sequences` holds strings; `error` names the field."""
+    for name, allowed in types.items():
+        value = getattr(record, name)
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise error(f"{label}: {name} is {value!r} ({type(value).__name__}); it must be "
+                        + " or ".join(t.__name__ for t in allowed))
+    for name in sequences:
+        if not all(isinstance(item, str) for item in getattr(record, name)):
+            raise error(f"{label}: {name} must hold strings, got {getattr(record, name)!r}")
 
 
 class ModelDescriptionError(ModelError):
@@ -131,19 +145,7 @@ class ModelDescription:
     weights_dtype: str | None
 
     def __post_init__(self):
-        for name, allowed in _TYPES.items():
-            value = getattr(self, name)
-            if not isinstance(value, allowed) or (
-                    isinstance(value, bool) and bool not in allowed):
-                raise ModelDescriptionError(
-                    f"model description: {name} is {value!r} "
-                    f"({type(value).__name__}); it must be "
-                    + " or ".join(t.__name__ for t in allowed))
-        for name in _SEQUENCES:
-            if not all(isinstance(item, str) for item in getattr(self, name)):
-                raise ModelDescriptionError(
-                    f"model description: {name} must hold strings, got "
-                    f"{getattr(self, name)!r}")
+        check_fields(self, _TYPES, _SEQUENCES, ModelDescriptionError, "model description")
 
     @classmethod
     def of(cls, value):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .model_description import check_fields
 from .tune_errors import TuneError
 
 __all__ = ["GroupPrediction", "Prediction", "TunePlan", "TunePlanError"]
@@ -23,13 +24,8 @@ _NUMBER = (int, float)
 _OPT_NUMBER = (int, float, type(None))
 
 
-def _check(record, types):
-    for name, allowed in types.items():
-        value = getattr(record, name)
-        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise TunePlanError(
-                f"{type(record).__name__}: {name} is {value!r} ({type(value).__name__}); "
-                "it must be " + " or ".join(t.__name__ for t in allowed))
+def _check(record, types, sequences=()):
+    check_fields(record, types, sequences, TunePlanError, type(record).__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +110,7 @@ class TunePlan:
 
     def __post_init__(self):
         _check(self, {"settings": (dict,), "reasons": (tuple,),
-                      "prediction": (Prediction,), "args": (tuple,)})
-        for name in ("reasons", "args"):
-            if not all(isinstance(item, str) for item in getattr(self, name)):
-                raise TunePlanError(f"TunePlan: {name} must hold strings")
+                      "prediction": (Prediction,), "args": (tuple,)}, ("reasons", "args"))
 
     def as_dict(self):
         """The module's return (besides `model`): settings, reasons, prediction, args."""
