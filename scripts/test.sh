@@ -197,11 +197,11 @@ stage "pytest: slow tests on the lab (the whole lab, alone)"
 # The lab run (brought up by the Molecule lane), the front door's route table, its second
 # run, check mode, the site.yml refusal, the control case, every rolling upgrade under load
 # ((a)+(f) a settings change and a key rotation in two runs over the whole lab, the same
-# upgrade again, (d) bad canary, (b)+(e) image and driver branch with reboots, (c) model
-# revision), then playbooks/benchmark.yml, on one lab. The orchestration cases (the
-# controller killed after a drain with HAProxy reloaded, two runs at once, a gate failure
-# in a two-host batch, a lost host) run against the real HAProxy with stand-in vLLM
-# instances in tests/unit/test_upgrade_orchestration.py, beside Molecule (issue #31 item
+# upgrade again, (d) bad canary, (b)+(e) image and driver branch with reboots in the key
+# rotation's second run, (c) model revision), then playbooks/benchmark.yml, on one lab.
+# The orchestration cases (the controller killed after a drain with HAProxy reloaded, two
+# runs at once, a gate failure in a two-host batch, a lost host) run against the real
+# HAProxy with stand-in vLLM instances in tests/unit/test_upgrade_orchestration.py, beside Molecule (issue #31 item
 # 11: until CI stop 39 they ran here, and (f) could not). (At CI stop 38 the lab tests with
 # no latency gate ran in the Molecule lane as soon as the lab was up: the lanes, CPU-bound,
 # took 8 minutes more and the lab stage 5 less, so they are back here.) Each stage above

@@ -20,7 +20,8 @@ keyless, straight and through the gateway), its second run, check mode, the site
 refusal, the control case, (a)+(f) a settings change and a key rotation in two runs over
 the whole lab without --limit (as the README runs it), an upgrade with nothing to change
 (the state they left), (d) the bad canary, (b)+(e) a new image and driver branch in
-one rollout with reboots, and (c) the model revision. Every case ends with every chat
+one rollout with reboots (over the whole lab: it is also the key rotation's run 2, which
+retires the old key), and (c) the model revision. Every case ends with every chat
 server UP at the gateway.
 
 The rollout cases about orchestration (a controller killed after a drain with HAProxy
@@ -417,10 +418,13 @@ def test_control_replacing_without_the_gateway_drops_requests(lab, tmp_path):
     assert cmd[cmd.index("--max-model-len") + 1] == "1536"
 
 
-def _upgraded(extra, expect_changed=("lab-h200", "lab-a10g")):
+def _upgraded(extra, expect_changed=("lab-h200", "lab-a10g"), hosts=None):
+    """upgrade.yml under load through the gateway: `extra` on the chat hosts, or `hosts`
+    ({host: its variables}) over the whole lab."""
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
-    (rc, out), totals = under_load(GATEWAY, lambda: playbook("playbooks/upgrade.yml", extra,
-                                                             extra=FAST))
+    (rc, out), totals = under_load(GATEWAY, lambda: playbook(
+        "playbooks/upgrade.yml", extra, limit=None if hosts else "chat_hosts", extra=FAST,
+        hosts=hosts))
     assert rc == 0, why(out)
     assert totals["failed"] == 0, totals
     assert totals["sent"] >= 20, totals
@@ -432,6 +436,16 @@ def _upgraded(extra, expect_changed=("lab-h200", "lab-a10g")):
 
 
 A_STATE = {"vllm_server_models": chat_models(1024)}  # what case (a) leaves on the chat hosts
+# The key rotation's two keys, {"old", "new"}: case (a)+(f)'s run 1 puts the new key beside
+# the old one on every serving host; the cases after it pass both on (two_keys()) until
+# case (b)+(e)'s rollout retires the old one.
+KEYS = {}
+
+
+def two_keys():
+    """The host variables of the rotation's middle state (none before case (a)+(f))."""
+    return ({"vllm_server_api_key": KEYS["new"], "vllm_server_api_keys_retiring": [KEYS["old"]]}
+            if KEYS else {})
 
 
 def args_checks(out):
@@ -455,11 +469,13 @@ def test_a_f_a_settings_change_and_a_key_rotation_in_two_runs_fail_no_request(la
     """(a) a settings change and (f) a key rotation (#31 item 5, docs/security.md), over
     the whole lab without --limit, as the README runs it: run 1 puts the chat hosts on
     A_STATE's 1024 tokens and the new key beside the old one on every serving host, under
-    load with the old key; run 2 retires the old key, under load with the new one. The
-    control: the new key alone, in one step, is refused before anything changes. At the
-    end the old key gets 401 and the new one 200, through the gateway and straight, and
-    every chat server is UP. (Case (a) was a run of its own on the chat hosts until CI
-    stop 39: run 1 is that settings change, on the whole lab.)"""
+    load with the old key; both keys then get 200, through the gateway and straight.
+    Run 2, which retires the old key under load with the new one, is case (b)+(e)'s
+    rollout (test_b_e_..., which checks the end: old key 401, new key 200, no key in a
+    container's config, a process list or the run's output). The control: the new key
+    alone, in one step, is refused before anything changes. (Case (a) was a run of its
+    own on the chat hosts until CI stop 39: run 1 is that settings change, on the whole
+    lab; run 2 was a whole-lab rollout of its own until CI stop 43.)"""
     import secrets
     old, new = key(), "rotated-" + secrets.token_urlsafe(24)
     # lab-a100 serves the lab's only MiniLM instance: replacing it is an outage of that
@@ -492,40 +508,17 @@ def test_a_f_a_settings_change_and_a_key_rotation_in_two_runs_fail_no_request(la
     both = _keys_everywhere(old, new)
     print(f"[keys] after run 1 (rc {rc}): {both}; the gateway: {chat_servers()}")
     assert set(both.values()) == {200}, both
-    # run 2: the lab's key file holds the new key (every later case uses it), none retiring
-    (ROOT / ".cache/lab/api-key").write_text(new + "\n")
-    (rc, out), totals = under_load(GATEWAY, lambda: playbook(
-        "playbooks/upgrade.yml", None, limit=None, extra=FAST,
-        hosts={h: ({"fleet_upgrade_allow_downtime": True} if h == "lab-a100" else A_STATE)
-               for h in SERVING}))
-    assert rc == 0, why(out)
-    assert totals["failed"] == 0 and totals["sent"] >= 20, totals
-    assert set(chat_servers().values()) == {"UP"}, chat_servers()
-    end = _keys_everywhere(old, new)
-    print(f"[keys] after run 2 (rc {rc}): {end}; the gateway: {chat_servers()}")
-    assert {w: c for (k, w), c in end.items() if k == "old"} == dict.fromkeys(
-        ("gateway", "lab-h200", "lab-a10g"), 401), end
-    assert {w: c for (k, w), c in end.items() if k == "new"} == dict.fromkeys(
-        ("gateway", "lab-h200", "lab-a10g"), 200), end
-    # no key on a command line, in an environment or a run's output; the file is root's
-    for host, container in CHAT_CONTAINERS.items():
-        config = json.loads(sh("docker", "inspect", container).stdout)[0]["Config"]
-        assert old not in json.dumps(config) and new not in json.dumps(config), host
-        ps = host_sh(host, "ps -eo args")
-        assert new not in ps and old not in ps, host
-        # the lab's vllm_server_auth_dir (inventories/lab/group_vars/gpu_hosts): the old
-        # set's file is gone, the new one is root's alone
-        files = host_sh(host, f"stat -c '%a %U %n' /var/lib/gpufleet-lab/{host}/vllm-auth/*.yaml"
-                        ).split("\n")
-        assert [f.split()[:2] for f in files if f] == [["600", "root"]], files
     assert new not in out and old not in out
+    # run 2, which retires the old key, is case (b)+(e)'s rollout (the CI budget, #31 item
+    # 11): until then the serving hosts accept both keys, and every case passes them on
+    KEYS.update(old=old, new=new)
 
 
 def test_an_upgrade_with_nothing_to_change_changes_nothing(lab):
     """The inventory as case (a) left it: every host is planned, nothing is drained or
     replaced, and the run changes nothing."""
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
-    rc, out = playbook("playbooks/upgrade.yml", A_STATE, extra=FAST)
+    rc, out = playbook("playbooks/upgrade.yml", {**A_STATE, **two_keys()}, extra=FAST)
     assert rc == 0, why(out)
     assert "lab-h200 (batch lab-h200): nothing to change" in out, why(out)
     assert "lab-a10g (batch lab-a10g): nothing to change" in out, why(out)
@@ -549,7 +542,8 @@ def test_d_bad_args_on_the_canary_roll_back_by_themselves(lab):
     before = {h: inspect(c) for h, c in CHAT_CONTAINERS.items()}
     bad = chat_models(1024, ["--enforce-eager", "--tokenizer", "/models/no-such-tokenizer"])
     (rc, out), totals = under_load(GATEWAY, lambda: playbook(
-        "playbooks/upgrade.yml", {"vllm_server_models": bad, "vllm_server_image": NEXT_IMAGE},
+        "playbooks/upgrade.yml", {"vllm_server_models": bad, "vllm_server_image": NEXT_IMAGE,
+                                  **two_keys()},
         extra=FAST))
     assert rc != 0
     assert "UPGRADE STOPPED at lab-h200" in out and "rolled back to its last good state" in out, why(out)
@@ -586,10 +580,21 @@ def test_b_e_an_image_and_driver_branch_change_reboots_and_drops_no_request(lab)
     """(b)+(e): a new image and the driver branch 580 -> 590 in one rollout (as an operator
     moves both at once): each chat host drains, reboots for the driver, and comes back on
     the new image. (b), the image change, was a rollout of its own until CI stop 40: it
-    is folded in here for the CI budget (#31 item 11); what it asserted holds here."""
+    is folded in here for the CI budget (#31 item 11); what it asserted holds here.
+    The same rollout is (f)'s run 2, over the whole lab: the lab's key file holds the new
+    key (every later case uses it), none retiring, under load with the new key. At the end
+    the old key gets 401 and the new one 200, through the gateway and straight, and no key
+    is in a container's config, a process list or the run's output; the keys file is
+    root's alone. (Run 2 was a whole-lab rollout of its own until CI stop 43.)"""
+    assert KEYS, "case (a)+(f) runs first: it puts the new key beside the old one"
+    old, new = KEYS["old"], KEYS["new"]
     new_id = next_image()
     boots = {h: _pid1_start(h) for h in CHAT_CONTAINERS}
-    before, after, out = _upgraded(E_STATE)
+    (ROOT / ".cache/lab/api-key").write_text(new + "\n")
+    # lab-a100 serves the lab's only MiniLM instance: replacing it for the key is an
+    # outage of that model, accepted for it alone (as in run 1); its driver stays
+    before, after, out = _upgraded(None, hosts={
+        h: ({"fleet_upgrade_allow_downtime": True} if h == "lab-a100" else E_STATE) for h in SERVING})
     for host, container in CHAT_CONTAINERS.items():
         assert _pid1_start(host) != boots[host], f"{host} did not reboot"
         # its vLLM container went down with the host and was replaced on the new image
@@ -598,8 +603,28 @@ def test_b_e_an_image_and_driver_branch_change_reboots_and_drops_no_request(lab)
         assert "<driver_version>590.44.01</driver_version>" in xml
     assert "NVIDIA driver 590.44.01 verified" in out
     # a new image: checked once, on the canary; the next batch's host skips what the
-    # canary checked in this run
-    assert args_checks(out) == ["lab-h200"], args_checks(out)
+    # canary checked in this run (lab-a100's MiniLM, another model, has its own check)
+    checks = args_checks(out)
+    assert checks.count("lab-h200") == 1 and "lab-a10g" not in checks, checks
+    # (f) run 2: the old key is retired everywhere
+    end = _keys_everywhere(old, new)
+    print(f"[keys] after run 2: {end}; the gateway: {chat_servers()}")
+    assert {w: c for (k, w), c in end.items() if k == "old"} == dict.fromkeys(
+        ("gateway", "lab-h200", "lab-a10g"), 401), end
+    assert {w: c for (k, w), c in end.items() if k == "new"} == dict.fromkeys(
+        ("gateway", "lab-h200", "lab-a10g"), 200), end
+    # no key on a command line, in an environment or a run's output; the file is root's
+    for host, container in CHAT_CONTAINERS.items():
+        config = json.loads(sh("docker", "inspect", container).stdout)[0]["Config"]
+        assert old not in json.dumps(config) and new not in json.dumps(config), host
+        ps = host_sh(host, "ps -eo args")
+        assert new not in ps and old not in ps, host
+        # the lab's vllm_server_auth_dir (inventories/lab/group_vars/gpu_hosts): the old
+        # set's file is gone, the new one is root's alone
+        files = host_sh(host, f"stat -c '%a %U %n' /var/lib/gpufleet-lab/{host}/vllm-auth/*.yaml"
+                        ).split("\n")
+        assert [f.split()[:2] for f in files if f] == [["600", "root"]], files
+    assert new not in out and old not in out
 
 
 # Last: the inventory's own model source (the site mirror, revision main) is left behind.
