@@ -43,15 +43,10 @@ def p2p_problems(models, transport, seed, upload_rate, download_rate, port,
 
 
 def p2p_web_seed_delay(host, hosts, first, fallback):
-    """The web-seed policy's seconds of peers only for `host` (p2p_swarm.web_seed_delay); an
-    extra var (-e) comes as a string: digits are taken as the number they spell."""
-    def number(value, kind):
-        if isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
-            return kind(value) if kind is float or value.strip().isdigit() else value
-        return value
+    """The web-seed policy's seconds of peers only for `host` (p2p_swarm.web_seed_delay,
+    which also takes an extra var's string of digits, as preflight does)."""
     try:
-        return p2p_swarm.web_seed_delay(host, list(hosts or []), number(first, int),
-                                        number(fallback, float))
+        return p2p_swarm.web_seed_delay(host, list(hosts or []), first, fallback)
     except p2p_errors.P2PError as exc:
         raise AnsibleFilterError(str(exc)) from None
 

@@ -318,10 +318,12 @@ def test_only_the_first_hosts_use_the_web_seed_from_the_start():
 @pytest.mark.parametrize("args, match", [
     (("gpu-01", FLEET, -1, 30), "model_fetch_p2p_web_seed_hosts"),
     (("gpu-01", FLEET, True, 30), "model_fetch_p2p_web_seed_hosts"),
-    (("gpu-01", FLEET, "1", 30), "model_fetch_p2p_web_seed_hosts"),
+    (("gpu-01", FLEET, "one", 30), "model_fetch_p2p_web_seed_hosts"),
+    (("gpu-01", FLEET, "1.5", 30), "model_fetch_p2p_web_seed_hosts"),
     (("gpu-01", FLEET, 1, 0), "model_fetch_p2p_web_seed_fallback"),
     (("gpu-01", FLEET, 1, 86401), "model_fetch_p2p_web_seed_fallback"),
-    (("gpu-01", FLEET, 1, "30"), "model_fetch_p2p_web_seed_fallback"),
+    (("gpu-01", FLEET, 1, "thirty"), "model_fetch_p2p_web_seed_fallback"),
+    (("gpu-01", FLEET, 1, "nan"), "model_fetch_p2p_web_seed_fallback"),
     (("gpu-99", FLEET, 1, 30), "model_fetch_p2p_group")])
 def test_web_seed_policy_refused_naming_the_variable(args, match):
     with pytest.raises(p2p.P2PError, match=match):
@@ -340,6 +342,23 @@ def test_filter_takes_extra_vars_as_strings():
     assert filters.p2p_web_seed_delay("gpu-02", FLEET, "2", "12") == 0
     with pytest.raises(filters.AnsibleFilterError, match="model_fetch_p2p_web_seed_hosts"):
         filters.p2p_web_seed_delay("gpu-02", FLEET, "two", 30)
+
+
+def test_preflight_takes_extra_vars_as_strings_as_the_filter_does():
+    """-e gives strings: preflight (p2p_plan.check_settings) and the role's filter read
+    them through the one rule (p2p_swarm.web_seed_delay, grammar.count), so what preflight
+    passes the filter takes, and what one refuses the other refuses with the same words.
+    (Until CI stop 44 preflight refused "2" that the filter took.)"""
+    assert p2p_plan.check_settings("p2p", "never", "0", "1000", "6881", "2", "12.5") == []
+    assert filters.p2p_web_seed_delay("gpu-03", FLEET, "2", "12.5") == 12.5
+    refused = p2p_plan.check_settings("p2p", "never", "0", "1e3", "6881", "two", "-1")
+    assert [p.split(" must ")[0] for p in refused] == [
+        "model_fetch_p2p_web_seed_hosts", "model_fetch_p2p_download_rate"], refused
+    with pytest.raises(filters.AnsibleFilterError) as err:
+        filters.p2p_web_seed_delay("gpu-02", FLEET, "two", 30)
+    assert str(err.value).rstrip(".") == refused[0]
+    assert p2p_plan.check_settings("p2p", "never", 0, 0, 6881, 2, "0")[0].startswith(
+        "model_fetch_p2p_web_seed_fallback must be a number of seconds above 0")
 
 
 def test_gate_opens_only_after_peers_stall():

@@ -135,6 +135,13 @@ def _number(value, what):
     return number
 
 
+def number(value, what="number"):
+    """A finite number (an int or float, or a string that spells one, as an extra var -e
+    gives it): an int stays an int, anything else is a float ("12.5" is 12.5)."""
+    result = _number(value, what)
+    return value if isinstance(value, int) else result
+
+
 def fraction(value, what="fraction"):
     """A number above 0 and at most 1 (a share, e.g. of the KV cache)."""
     number = _number(value, what)

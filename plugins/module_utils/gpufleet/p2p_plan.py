@@ -22,6 +22,15 @@ def _whole(value, name, low, high):
     return value
 
 
+def _setting(value):
+    """A role variable as a number: an extra var (-e) gives a string of digits, which the
+    module's int option takes; anything else is left for the rule to refuse."""
+    try:
+        return grammar.count(value)
+    except grammar.GrammarError:
+        return value
+
+
 def check_settings(transport, seed, upload_rate, download_rate, port,
                    web_seed_hosts=WEB_SEED_HOSTS, web_seed_fallback=WEB_SEED_FALLBACK):
     """The fleet-wide p2p settings of model_fetch (preflight): a list of problems, each
@@ -39,7 +48,7 @@ def check_settings(transport, seed, upload_rate, download_rate, port,
     for name, value in (("model_fetch_p2p_upload_rate", upload_rate),
                         ("model_fetch_p2p_download_rate", download_rate)):
         try:
-            _whole(value, name, 0, MAX_RATE)
+            _whole(_setting(value), name, 0, MAX_RATE)
         except P2PError as exc:
             problems.append(str(exc).rstrip("."))
     try:

@@ -101,14 +101,22 @@ def web_seed_delay(host, hosts, first=WEB_SEED_HOSTS, fallback=WEB_SEED_FALLBACK
     """Seconds `host` fetches from peers only before it may add the web seed: 0 for the
     first `first` of `hosts` (the swarm's hosts taking part, in the inventory's order: the
     same answer on every host), `fallback` for the others. A host not in `hosts` is
-    refused (it would not be among its peers' allow-lists)."""
-    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+    refused (it would not be among its peers' allow-lists). Both numbers may come as
+    strings of digits (an extra var, -e, is a string): preflight and the role's filter
+    read them through this one rule."""
+    given_first, given_fallback = first, fallback
+    try:
+        first = grammar.count(first)
+    except grammar.GrammarError:
         raise P2PError(f"model_fetch_p2p_web_seed_hosts must be a whole number from 0 (no "
-                       f"host from the start) up, not {first!r:.40}.")
-    if isinstance(fallback, bool) or not isinstance(fallback, (int, float)) \
-            or not 0 < fallback <= 86400:
+                       f"host from the start) up, not {given_first!r:.40}.") from None
+    try:
+        fallback = grammar.number(fallback)
+    except grammar.GrammarError:
+        fallback = None
+    if fallback is None or not 0 < fallback <= 86400:
         raise P2PError(f"model_fetch_p2p_web_seed_fallback must be a number of seconds "
-                       f"above 0 and at most 86400, not {fallback!r:.40}.")
+                       f"above 0 and at most 86400, not {given_fallback!r:.40}.")
     hosts = list(hosts or [])
     if host not in hosts:
         raise P2PError(f"host {host!r:.80} is not among the swarm's hosts "
