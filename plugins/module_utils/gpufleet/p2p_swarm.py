@@ -104,25 +104,24 @@ def web_seed_delay(host, hosts, first=WEB_SEED_HOSTS, fallback=WEB_SEED_FALLBACK
     refused (it would not be among its peers' allow-lists). Both numbers may come as
     strings of digits (an extra var, -e, is a string): preflight and the role's filter
     read them through this one rule."""
-    given_first, given_fallback = first, fallback
     try:
-        first = grammar.count(first)
+        count = grammar.count(first)
     except grammar.GrammarError:
         raise P2PError(f"model_fetch_p2p_web_seed_hosts must be a whole number from 0 (no "
-                       f"host from the start) up, not {given_first!r:.40}.") from None
+                       f"host from the start) up, not {first!r:.40}.") from None
     try:
-        fallback = grammar.number(fallback)
+        seconds = grammar.number(fallback)
     except grammar.GrammarError:
-        fallback = None
-    if fallback is None or not 0 < fallback <= 86400:
+        seconds = None
+    if seconds is None or not 0 < seconds <= 86400:
         raise P2PError(f"model_fetch_p2p_web_seed_fallback must be a number of seconds "
-                       f"above 0 and at most 86400, not {given_fallback!r:.40}.")
+                       f"above 0 and at most 86400, not {fallback!r:.40}.")
     hosts = list(hosts or [])
     if host not in hosts:
         raise P2PError(f"host {host!r:.80} is not among the swarm's hosts "
                        f"({', '.join(map(str, hosts[:5])) or 'none'}); put it in "
                        "model_fetch_p2p_group.")
-    return 0 if hosts.index(host) < first else fallback
+    return 0 if hosts.index(host) < count else seconds
 
 
 class WebSeedGate:
