@@ -386,6 +386,9 @@ def test_site_refuses_to_replace_a_serving_container_behind_the_gateway(lab):
     assert "which the gateway (gateways: lab-gw) still sends requests to. Nothing was changed." in out
     assert "playbooks/upgrade.yml" in out
     assert inspect(CHAT_CONTAINERS["lab-h200"]) == before
+    # refused before vLLM's argument check: no throwaway container of the image (about
+    # 20 s of the lab's CPU; the check ran first, and was wasted, until 2026-12-07)
+    assert args_checks(out) == [], out[-4000:]
 
 
 def chat_status(base, api_key):
