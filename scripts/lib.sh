@@ -4,6 +4,15 @@
 log() { printf '\033[1m[gpufleet]\033[0m %s\n' "$*" >&2; }
 die() { printf '[gpufleet] ERROR: %s\n' "$*" >&2; exit 1; }
 
+# The machine's cache of what a checkout builds from its own files and keeps by their
+# content hash, as Docker keeps the lab's images: the Python virtual environment
+# (scripts/setup.sh) and the lab's models (lab/models/build.sh). Every checkout of this
+# machine shares it (a fresh clone, as CI makes, links or copies in seconds what the
+# first one built in minutes); a hash that changes builds beside the old entries, and a
+# machine without the cache builds everything, as before. GPUFLEET_MACHINE_CACHE
+# moves it.
+machine_cache() { echo "${GPUFLEET_MACHINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet}"; }
+
 # Debian mirror this machine already uses (the only one reachable here).
 debian_mirror() {
   local m

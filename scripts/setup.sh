@@ -33,17 +33,32 @@ setup_apt() {
 }
 
 setup_venv() {
-  # Rebuilt only when requirements.txt or the file it includes changes (their hash is
-  # stamped in the venv).
-  local want have=""
+  # Built once per machine for each content of requirements.txt and the file it includes
+  # (their hash, stamped in the venv when its install ends): in the machine's cache
+  # (machine_cache, scripts/lib.sh), to which .venv links. A venv cannot move (its
+  # scripts name its path), so it is built where it stays; an entry without its stamp is
+  # a build that was cut short, made again. A checkout whose own .venv folder has the
+  # stamp keeps it.
+  local want have="" dir
   want=$(cat requirements.txt requirements-runtime.txt | sha256sum | cut -c1-16)
   [[ -f .venv/.requirements-hash ]] && have=$(cat .venv/.requirements-hash)
-  if [[ "$want" != "$have" || ! -x .venv/bin/ansible-playbook ]]; then
-    log "venv: installing requirements.txt into .venv/"
-    python3 -m venv .venv
-    .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
-    echo "$want" > .venv/.requirements-hash
-  fi
+  [[ "$want" == "$have" && -x .venv/bin/ansible-playbook ]] && return 0
+  dir="$(machine_cache)/venvs/$want"
+  mkdir -p "$(dirname "$dir")"
+  (
+    flock 9  # one build of an entry at a time (two checkouts set up at once)
+    if [[ "$(cat "$dir/.requirements-hash" 2>/dev/null)" != "$want" || ! -x "$dir/bin/ansible-playbook" ]]; then
+      log "venv: installing requirements.txt into $dir (this machine's cache; .venv links to it)"
+      rm -rf "$dir"
+      python3 -m venv "$dir"
+      "$dir/bin/pip" install -q --disable-pip-version-check -r requirements.txt
+      echo "$want" > "$dir/.requirements-hash"
+    else
+      log "venv: $dir (this machine's cache) has requirements.txt $want; .venv links to it"
+    fi
+  ) 9> "$dir.lock"
+  rm -rf .venv
+  ln -s "$dir" .venv
 }
 
 case "${1:-all}" in

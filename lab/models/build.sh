@@ -10,13 +10,24 @@
 #   lab/models/build.sh [--force] [NAME ...]
 #
 # Idempotent: a model is rebuilt only when missing or when its recipe changed (see
-# lab/models/build_models.py). The builder venv .cache/lab/builder-venv is rebuilt only
-# when lab/models/requirements.txt changes. Reaches PyPI only.
+# lab/models/build_models.py). A model this machine built before for the same recipe is
+# copied from the machine's cache (scripts/lib.sh machine_cache) first, with the system
+# Python: when every model comes from there, no builder venv is made. The builder venv
+# .cache/lab/builder-venv is rebuilt only when lab/models/requirements.txt changes.
+# Reaches PyPI only.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
+
+GPUFLEET_MACHINE_CACHE=$(machine_cache)
+export GPUFLEET_MACHINE_CACHE
+if [[ " $* " != *" --force "* ]]; then
+  rc=0; python3 lab/models/build_models.py --from-cache-only "$@" || rc=$?
+  ((rc == 0)) && exit 0
+  ((rc == 3)) || die "lab/models/build_models.py --from-cache-only failed (exit $rc)"
+fi
 
 VENV=.cache/lab/builder-venv
 REQ=lab/models/requirements.txt

@@ -12,12 +12,20 @@ missing or when its recipe changed: the recipe hash (this file, requirements.txt
 sources.txt and the model's name) is stamped in .cache/lab/models/.stamps/<org>__<name>.
 A model is built in a temporary folder and renamed into place, so an interrupted build
 never leaves a half-written model behind.
+
+With GPUFLEET_MACHINE_CACHE set (lab/models/build.sh sets it: scripts/lib.sh
+machine_cache), every model built is also kept there under its recipe hash, and a
+checkout that lacks a model copies it from there instead of building it: a fresh clone
+(as CI makes) needs neither the builder venv nor torch then. `--from-cache-only` (run
+with any Python 3, as build.sh does first) does only that and exits 3 when a model is
+still to be built.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -51,6 +59,61 @@ def recipe_hash(name: str) -> str:
     for f in ("build_models.py", "requirements.txt", "sources.txt"):
         h.update((HERE / f).read_bytes())
     return h.hexdigest()
+
+
+def machine_copy(name: str) -> pathlib.Path | None:
+    """Where the machine's cache keeps this recipe of `name` (None: no machine cache)."""
+    root = os.environ.get("GPUFLEET_MACHINE_CACHE")
+    if not root:
+        return None
+    return (pathlib.Path(root) / "lab-models" / recipe_hash(name)[:16]
+            / name.replace("/", "__"))
+
+
+def _copy_into(src: pathlib.Path, dest: pathlib.Path) -> None:
+    """A full copy of folder `src` at `dest` (a new folder beside it first, then renamed:
+    never half a folder at `dest`); no hard links, so a test that edits a file of one
+    copy never changes the other."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        tmp.chmod(0o755)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def restore(name: str) -> bool:
+    """Copy `name` from the machine's cache when it holds this recipe; True when done."""
+    kept = machine_copy(name)
+    if kept is None or not (kept / "config.json").is_file():
+        return False
+    start = time.monotonic()
+    _copy_into(kept, MODELS / name)
+    STAMPS.mkdir(parents=True, exist_ok=True)
+    stamp_path(name).write_text(recipe_hash(name) + "\n")
+    print(f"[models] {name}: copied from this machine's cache in "
+          f"{time.monotonic() - start:.1f} s ({kept})")
+    return True
+
+
+def keep(name: str) -> None:
+    """Put the model just built in the machine's cache, and drop the entries of its
+    other recipes there (one copy per model)."""
+    kept = machine_copy(name)
+    if kept is None:
+        return
+    _copy_into(MODELS / name, kept)
+    for other in kept.parent.parent.glob(f"*/{kept.name}"):
+        if other != kept:
+            shutil.rmtree(other, ignore_errors=True)
+            try:
+                other.parent.rmdir()  # the recipe's folder, once empty
+            except OSError:
+                pass
 
 
 def stamp_path(name: str) -> pathlib.Path:
@@ -326,6 +389,8 @@ def build(name: str, force: bool = False) -> bool:
     if not force and is_current(name):
         print(f"[models] {name}: up to date ({target})")
         return False
+    if not force and restore(name):
+        return False
     target.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -343,6 +408,7 @@ def build(name: str, force: bool = False) -> bool:
     size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
     print(f"[models] {name}: built in {time.monotonic() - start:.1f} s, "
           f"{size / 1e6:.1f} MB ({target})")
+    keep(name)
     return True
 
 
@@ -351,10 +417,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"models to build (default: all of {', '.join(RECIPES)})")
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    parser.add_argument("--from-cache-only", action="store_true",
+                        help="only copy from the machine's cache (GPUFLEET_MACHINE_CACHE); "
+                             "exit 3 when a model is still to be built")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in RECIPES]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(RECIPES)}")
+    if args.from_cache_only:
+        if args.force:
+            parser.error("--force builds: it cannot go with --from-cache-only")
+        missing = [n for n in args.names or list(RECIPES)
+                   if not is_current(n) and not restore(n)]
+        if missing:
+            print(f"[models] to build: {', '.join(missing)}")
+            return 3
+        return 0
     try:
         for name in args.names or list(RECIPES):
             build(name, force=args.force)
