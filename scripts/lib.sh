@@ -8,8 +8,10 @@ die() { printf '[gpufleet] ERROR: %s\n' "$*" >&2; exit 1; }
 # content hash, as Docker keeps the lab's images: the Python virtual environment
 # (scripts/setup.sh) and the lab's models (lab/models/build.sh). Every checkout of this
 # machine shares it (a fresh clone, as CI makes, links or copies in seconds what the
-# first one built in minutes); a hash that changes builds beside the old entries, and a
-# machine without the cache builds everything, as before. GPUFLEET_MACHINE_CACHE
+# first one built in minutes); a machine without the cache builds everything, as before.
+# A model keeps one copy (a new recipe replaces the old); a venv of new requirements is
+# built beside the old ones (about 1 GB each), which a checkout of an older commit may
+# still link: remove ~/.cache/gpufleet/venvs/<hash> by hand. GPUFLEET_MACHINE_CACHE
 # moves it.
 machine_cache() { echo "${GPUFLEET_MACHINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet}"; }
 
