@@ -96,7 +96,12 @@ class Peer(http.server.BaseHTTPRequestHandler):
             if kind == "body":
                 status, data, headers = arg
                 self.send_response(status)
-                for name, value in dict({"Content-Length": str(len(data))}, **headers).items():
+                # the handler closes every connection after its answer (below), so it says
+                # so: a client told nothing reuses the connection for its next request and
+                # can send it into the close (RemoteDisconnected: the readiness gate's
+                # warm-up request, twice in 2026-12-07's runs under load)
+                for name, value in dict({"Content-Length": str(len(data)), "Connection": "close"},
+                                        **headers).items():
                     self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
