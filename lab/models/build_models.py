@@ -77,8 +77,7 @@ def _copy_into(src: pathlib.Path, dest: pathlib.Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        shutil.copytree(src, tmp, dirs_exist_ok=True)
-        tmp.chmod(0o755)
+        shutil.copytree(src, tmp, dirs_exist_ok=True)  # and src's mode (copystat)
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)
@@ -93,8 +92,7 @@ def restore(name: str) -> bool:
         return False
     start = time.monotonic()
     _copy_into(kept, MODELS / name)
-    STAMPS.mkdir(parents=True, exist_ok=True)
-    stamp_path(name).write_text(recipe_hash(name) + "\n")
+    stamp(name)
     print(f"[models] {name}: copied from this machine's cache in "
           f"{time.monotonic() - start:.1f} s ({kept})")
     return True
@@ -118,6 +116,12 @@ def keep(name: str) -> None:
 
 def stamp_path(name: str) -> pathlib.Path:
     return STAMPS / name.replace("/", "__")
+
+
+def stamp(name: str) -> None:
+    """Record that MODELS/name is this recipe's model."""
+    STAMPS.mkdir(parents=True, exist_ok=True)
+    stamp_path(name).write_text(recipe_hash(name) + "\n")
 
 
 def is_current(name: str) -> bool:
@@ -403,8 +407,7 @@ def build(name: str, force: bool = False) -> bool:
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    STAMPS.mkdir(parents=True, exist_ok=True)
-    stamp_path(name).write_text(recipe_hash(name) + "\n")
+    stamp(name)
     size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
     print(f"[models] {name}: built in {time.monotonic() - start:.1f} s, "
           f"{size / 1e6:.1f} MB ({target})")
